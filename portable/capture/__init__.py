@@ -1,0 +1,259 @@
+"""Capture: PyTorch model -> portable `Program` (inference or whole training step).
+
+Pipeline (each stage in its own module):
+1. `torch.export.export` (non-strict) of the model, or of a wrapper that returns
+   `loss_fn(model, *batch)` for a training step                          -> training IR
+2. `portable_ops`: attention / layer_norm / rms_norm become `portable::` ops
+3. decomposition to core ATen; for training AOT autograd's joint graph adds the backward
+4. `build`: signature, weights and per-node source/shape metadata       -> Program
+5. `training`: the optimizer update is traced and spliced in (training steps only)
+6. the verifier checks the result against the opset
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch._decomp import core_aten_decompositions
+from torch.export.exported_program import _decompose_exported_program
+
+from ..errors import CaptureError, PortableError
+from ..ir.plan import Plan
+from ..ir.program import Program, ProgramKind
+from ..ir.source import from_fx_meta
+from ..optim import as_optimizer
+from .build import to_program
+from .decorator import ModelSpec, portable, spec_of
+from .diagnose import diagnose, is_user_file
+from .portable_ops import rewrite_to_portable_ops
+from .training import add_optimizer
+
+__all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
+
+_WRAPPER_PREFIX = "model."
+
+
+class _LossStep(torch.nn.Module):
+    """forward(*batch) = loss_fn(model, *batch): what a training step differentiates."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch, **kwargs):
+        return self.loss_fn(self.model, *batch, **kwargs)
+
+
+def capture(
+    model: torch.nn.Module,
+    example_inputs: tuple[Any, ...] | Any,
+    *,
+    kwargs: dict[str, Any] | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: Any = None,
+    plan: Plan | None = None,
+    dynamic_shapes: Any = None,
+    name: str | None = None,
+) -> Program:
+    """Capture `model` into a Program.
+
+    Without `loss_fn`: an inference program of `model(*example_inputs, **kwargs)` in eval mode.
+    With `loss_fn` (and `optimizer`): a training-step program of one optimizer step on
+    `loss_fn(model, *example_inputs, **kwargs)` in train mode; `example_inputs` is then the batch.
+    The model itself is left unchanged (mode and buffers are restored).
+    """
+    if not isinstance(model, torch.nn.Module):
+        raise CaptureError(
+            f"capture needs an nn.Module, got {type(model).__name__}",
+            fix="pass the model instance (for a factory, call it first)",
+        )
+    args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    name = name or type(model).__name__
+    options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
+    if loss_fn is None:
+        if optimizer is not None:
+            raise CaptureError("optimizer given without loss_fn", fix="pass loss_fn=... for a training step")
+        with _mode(model, training=False):
+            program = _capture_inference(model, args, kwargs, dynamic_shapes, name, options)
+    else:
+        if optimizer is None:
+            raise CaptureError("a training step needs an optimizer", fix="pass optimizer=portable.optim.AdamW(...)")
+        opt = as_optimizer(optimizer)
+        options["optimizer"] = opt.to_dict()
+        with _mode(model, training=True):
+            program = _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options)
+            program = add_optimizer(program, opt)
+    if plan is not None:
+        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
+        program.plan = plan
+    _verify(program)
+    return program
+
+
+def capture_spec(spec: ModelSpec, *, training: bool = False, model: torch.nn.Module | None = None) -> Program:
+    """Capture a `@portable` model with its recorded example inputs, loss and optimizer."""
+    model = model if model is not None else spec.build()
+    if not training:
+        return capture(model, spec.inputs(), plan=spec.plan, dynamic_shapes=spec.dynamic_shapes, name=spec.name)
+    if not spec.trainable:
+        raise CaptureError(f"`{spec.name}` has no loss_fn", fix="pass loss_fn=... and example_batch=... to @portable")
+    return capture(
+        model,
+        spec.batch(),
+        loss_fn=spec.loss_fn,
+        optimizer=spec.optimizer or _default_optimizer(),
+        plan=spec.plan,
+        name=f"{spec.name}.train_step",
+    )
+
+
+def _default_optimizer():
+    from ..optim import AdamW
+
+    return AdamW()
+
+
+@contextlib.contextmanager
+def _mode(model: torch.nn.Module, *, training: bool):
+    """Set train/eval for capture; restore each submodule's mode afterwards."""
+    modes = {m: m.training for m in model.modules()}
+    model.train(training)
+    try:
+        yield
+    finally:
+        for m, mode in modes.items():
+            m.training = mode
+
+
+def _export(module, args, kwargs, dynamic_shapes, phase: str):
+    try:
+        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+    except PortableError:
+        raise
+    except Exception as exc:  # torch raises many types; all become a CaptureError with the cause
+        raise diagnose(exc, phase=phase) from exc
+
+
+def _portable_ops(ep, strip_prefix: str) -> None:
+    rewrite_to_portable_ops(
+        ep.graph_module, lambda node: from_fx_meta(node.meta, is_user_file, strip_prefix)
+    )
+
+
+def _untie(ep, strip_prefix: str):
+    """Merge tied parameters (one tensor under several names, e.g. a GPT's embedding and LM
+    head) into one input: the name the graph uses is kept, the others recorded as its aliases.
+    Returns the new ExportedProgram and {dropped name: kept name}."""
+    from torch.export.graph_signature import ExportGraphSignature, InputKind
+
+    sig = ep.graph_signature
+    placeholders = [n for n in ep.graph_module.graph.nodes if n.op == "placeholder"]
+    groups: dict[int, list] = {}
+    for node, spec in zip(placeholders, sig.input_specs, strict=True):
+        if spec.kind == InputKind.PARAMETER:
+            groups.setdefault(id(ep.state_dict[spec.target]), []).append((node, spec))
+    tied, drop = {}, set()
+    for members in groups.values():
+        if len(members) < 2:
+            continue
+        keep = max(members, key=lambda m: len(m[0].users))
+        for node, spec in members:
+            if node is keep[0]:
+                continue
+            node.replace_all_uses_with(keep[0])
+            drop.add(node.name)
+            tied[spec.target.removeprefix(strip_prefix)] = keep[1].target.removeprefix(strip_prefix)
+    if not drop:
+        return ep, {}
+    for node in placeholders:
+        if node.name in drop:
+            ep.graph_module.graph.erase_node(node)
+    ep.graph_module.recompile()
+    specs = [s for n, s in zip(placeholders, sig.input_specs, strict=True) if n.name not in drop]
+    new_sig = ExportGraphSignature(input_specs=specs, output_specs=list(sig.output_specs))
+    return ep._update(ep.graph_module, new_sig), tied
+
+
+def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Program:
+    ep = _export(model, args, kwargs, dynamic_shapes, "exporting the forward")
+    ep, tied = _untie(ep, "")
+    _portable_ops(ep, "")
+    try:
+        ep = ep.run_decompositions()
+    except Exception as exc:
+        raise diagnose(exc, phase="decomposing to core ATen") from exc
+    _normalize(ep.graph_module)
+    program = to_program(ep, ProgramKind.INFERENCE, name=name, options=options)
+    program.metadata["tied_weights"] = tied
+    return program
+
+
+def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options) -> Program:
+    step = _LossStep(model, loss_fn)
+    ep = _export(step, args, kwargs, dynamic_shapes, "exporting the loss")
+    _check_scalar_loss(ep)
+    ep, tied = _untie(ep, _WRAPPER_PREFIX)
+    _portable_ops(ep, _WRAPPER_PREFIX)
+    try:
+        # The joint-graph path of torch.export (what torch.export.experimental's
+        # _export_forward_backward does), with core ATen decompositions.
+        ep = _decompose_exported_program(
+            ep,
+            cia_to_decomp={},
+            python_decomp_table=core_aten_decompositions(),
+            joint_loss_index=0,
+            decompose_custom_triton_ops=False,
+        )
+    except Exception as exc:
+        raise diagnose(exc, phase="building the backward graph") from exc
+    _normalize(ep.graph_module)
+    program = to_program(
+        ep, ProgramKind.TRAINING_STEP, name=name, strip_prefix=_WRAPPER_PREFIX, options=options
+    )
+    program.metadata["tied_weights"] = tied
+    return program
+
+
+def _check_scalar_loss(ep) -> None:
+    outs = [s for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
+    vals = [n.meta.get("val") for n in ep.graph_module.graph.output_node().args[0]][-len(outs):]
+    if len(outs) != 1 or not isinstance(vals[0], torch.Tensor) or vals[0].dim() != 0:
+        shape = [tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for v in vals]
+        raise CaptureError(
+            f"loss_fn must return one scalar tensor, got {shape}",
+            fix="reduce the loss to a scalar (e.g. .mean()) and return only it",
+        )
+    if not vals[0].is_floating_point():
+        raise CaptureError(f"loss has dtype {vals[0].dtype}", fix="return a floating-point loss")
+
+
+_IDENTITIES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
+_RUNTIME_ASSERTS = (
+    torch.ops.aten._assert_tensor_metadata.default,
+    torch.ops.aten._assert_scalar.default,
+)
+
+
+def _normalize(gm: torch.fx.GraphModule) -> None:
+    """Drop what only eager tracing needs: `detach`/`alias` (identities in a functional graph)
+    and export's runtime metadata asserts (the verifier checks shapes and dtypes statically)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function":
+            continue
+        if node.target in _IDENTITIES:
+            node.replace_all_uses_with(node.args[0])
+            gm.graph.erase_node(node)
+        elif node.target in _RUNTIME_ASSERTS and not node.users:
+            gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
+
+
+def _verify(program: Program) -> None:
+    from ..verify import verify
+
+    verify(program)

@@ -1,0 +1,142 @@
+"""`@portable`: attach capture defaults to a model class or factory.
+
+The decorator returns the object unchanged apart from a `__portable__` attribute holding a
+`ModelSpec`. The CLI finds models by that attribute (`file.py:Name`, `pkg.module:Name`), so there is
+no global registry to mutate at import time.
+
+    @portable(
+        example_inputs=lambda: (torch.randn(8, 32),),
+        loss_fn=lambda model, x, y: F.mse_loss(model(x), y),
+        example_batch=lambda: (torch.randn(8, 32), torch.randn(8, 4)),
+        optimizer=portable.optim.AdamW(lr=1e-3),
+    )
+    class MLP(nn.Module): ...
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..errors import CaptureError
+from ..optim import Optimizer
+
+__all__ = ["ModelSpec", "portable", "spec_of"]
+
+Inputs = tuple[Any, ...]
+
+
+def _materialize(value: Callable[[], Inputs] | Inputs | None) -> Inputs | None:
+    if value is None:
+        return None
+    out = value() if callable(value) else value
+    return tuple(out) if isinstance(out, (tuple, list)) else (out,)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSpec:
+    """What `@portable` records: how to build the model and what to capture it with.
+
+    `example_inputs` feed `model(*inputs)`; `example_batch` feeds `loss_fn(model, *batch)`.
+    Both may be callables (evaluated under a fixed seed) or tuples.
+    """
+
+    target: Any
+    name: str
+    example_inputs: Callable[[], Inputs] | Inputs | None = None
+    loss_fn: Callable[..., torch.Tensor] | None = None
+    example_batch: Callable[[], Inputs] | Inputs | None = None
+    optimizer: Optimizer | None = None
+    plan: Any = None
+    dynamic_shapes: Any = None
+    seed: int = 0
+
+    @property
+    def trainable(self) -> bool:
+        return self.loss_fn is not None
+
+    def build(self) -> torch.nn.Module:
+        """Instantiate the model under `seed` so every build has the same weights."""
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed)
+            model = self.target()
+        if not isinstance(model, torch.nn.Module):
+            raise CaptureError(
+                f"`{self.name}` built a {type(model).__name__}, not a torch.nn.Module",
+                fix="decorate an nn.Module class or a function that returns an nn.Module",
+            )
+        return model
+
+    def inputs(self) -> Inputs:
+        return self._seeded(self.example_inputs, "example_inputs", offset=1)
+
+    def batch(self) -> Inputs:
+        return self._seeded(self.example_batch, "example_batch", offset=2)
+
+    def _seeded(self, value, field: str, offset: int) -> Inputs:
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(self.seed + offset)
+            out = _materialize(value)
+        if out is None:
+            raise CaptureError(
+                f"`{self.name}` has no {field}",
+                fix=f"pass {field}=... to @portable",
+            )
+        return out
+
+
+def portable(
+    target: Any = None,
+    *,
+    example_inputs: Callable[[], Inputs] | Inputs | None = None,
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    example_batch: Callable[[], Inputs] | Inputs | None = None,
+    optimizer: Optimizer | None = None,
+    plan: Any = None,
+    dynamic_shapes: Any = None,
+    name: str | None = None,
+    seed: int = 0,
+):
+    """Mark an `nn.Module` class (constructible with no arguments) or a zero-argument factory
+    as a portable model. Usable bare (`@portable`) or with arguments (`@portable(...)`)."""
+
+    def wrap(obj: Any) -> Any:
+        if not callable(obj):
+            raise CaptureError(
+                f"@portable needs a class or a function, got {type(obj).__name__}",
+                fix="decorate an nn.Module subclass or a zero-argument model factory",
+            )
+        if inspect.isclass(obj) and not issubclass(obj, torch.nn.Module):
+            raise CaptureError(
+                f"@portable class `{obj.__qualname__}` is not an nn.Module",
+                fix="subclass torch.nn.Module",
+            )
+        if loss_fn is not None and example_batch is None:
+            raise CaptureError(
+                f"`{obj.__qualname__}` has loss_fn but no example_batch",
+                fix="pass example_batch=lambda: (inputs..., targets...) to @portable",
+            )
+        obj.__portable__ = ModelSpec(
+            target=obj,
+            name=name or obj.__qualname__,
+            example_inputs=example_inputs,
+            loss_fn=loss_fn,
+            example_batch=example_batch,
+            optimizer=optimizer,
+            plan=plan,
+            dynamic_shapes=dynamic_shapes,
+            seed=seed,
+        )
+        return obj
+
+    return wrap(target) if target is not None else wrap
+
+
+def spec_of(obj: Any) -> ModelSpec | None:
+    """The `ModelSpec` of a decorated object, or None."""
+    spec = getattr(obj, "__portable__", None)
+    return spec if isinstance(spec, ModelSpec) else None

@@ -1,0 +1,131 @@
+"""Complete a joint forward+backward graph into a training step: splice in the optimizer update.
+
+torch.export + AOT autograd give a graph `(params, buffers, batch) -> (buffer updates, loss,
+gradients)`. This module adds optimizer-state inputs, traces the optimizer's functional update
+(`portable.optim`) to core ATen with `make_fx`, copies it into the graph, and rewrites the outputs
+to `(loss, updated parameters, updated optimizer state, updated buffers)`, each updated value
+aliasing the input it replaces. Gradients are consumed inside the graph.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import torch.fx
+from torch._decomp import core_aten_decompositions
+from torch.fx.experimental.proxy_tensor import make_fx
+
+from ..errors import CaptureError
+from ..ir.program import Program
+from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
+from ..ir.source import SourceLoc
+from ..optim import Optimizer
+from .build import tensor_meta
+
+STEP_TARGET = "optimizer.step"
+
+
+def _placeholder_name(target: str) -> str:
+    return "opt_" + re.sub(r"[^A-Za-z0-9_]", "_", target.removeprefix("optimizer."))
+
+
+def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
+    graph = program.graph
+    sig = program.signature
+    grads = sig.outputs_of(OutputKind.GRADIENT)
+    if not grads:
+        raise CaptureError(
+            "the loss does not depend on any trainable parameter",
+            fix="check that loss_fn calls the model and that parameters have requires_grad=True",
+        )
+    params = {i.target: i for i in sig.inputs_of(InputKind.PARAMETER)}
+    out_node = graph.output_node()
+    out_values = dict(zip((o.name for o in sig.outputs), out_node.args[0], strict=True))
+    placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
+    first_user = next((placeholders[i.name] for i in sig.user_inputs), None)
+
+    # 1. New inputs: the step counter and per-parameter optimizer state.
+    new_inputs: list[InputSpec] = []
+    weights = dict(program.weights)
+
+    def add_input(target: str, value: torch.Tensor) -> torch.fx.Node:
+        name = _placeholder_name(target)
+        if first_user is not None:
+            with graph.inserting_before(first_user):
+                node = graph.placeholder(name)
+        else:
+            with graph.inserting_before(out_node):
+                node = graph.placeholder(name)
+        node.meta["val"] = value
+        node.meta["tensor"] = TensorSpec.of(value)
+        new_inputs.append(InputSpec(node.name, InputKind.OPTIMIZER_STATE, node.meta["tensor"], target))
+        weights[target] = value
+        return node
+
+    step_node = add_input(STEP_TARGET, torch.zeros((), dtype=torch.float32))
+    state_nodes: list[list[torch.fx.Node]] = []
+    for grad in grads:
+        param_value = program.weights[grad.target]
+        init = optimizer.init_state(param_value)
+        state_nodes.append(
+            [add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in optimizer.state_names]
+        )
+
+    # 2. Trace the update over (params, grads, states, step) and copy it into the graph.
+    names = optimizer.state_names
+    n = len(grads)
+
+    def update(*flat):
+        ps, gs, step = flat[:n], flat[n : 2 * n], flat[-1]
+        ss = flat[2 * n : -1]
+        new_params, new_states = [], []
+        for i in range(n):
+            state = {k: ss[i * len(names) + j] for j, k in enumerate(names)}
+            p, s = optimizer.update(ps[i], gs[i], state, step)
+            new_params.append(p)
+            new_states.extend(s[k] for k in names)
+        return (*new_params, *new_states, step + 1)
+
+    examples = [program.weights[g.target] for g in grads] * 2
+    examples += [weights[s.target] for s in new_inputs[1:]] + [weights[STEP_TARGET]]
+    traced = make_fx(update, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(
+        *examples
+    )
+    if any(node.op == "get_attr" for node in traced.graph.nodes):
+        raise CaptureError(f"optimizer {optimizer.kind} traced to a graph with constants")
+    sources = [placeholders[params[g.target].name] for g in grads]
+    sources += [out_values[g.name] for g in grads]
+    sources += [node for nodes in state_nodes for node in nodes] + [step_node]
+    val_map = dict(zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True))
+    with graph.inserting_before(out_node):
+        results = graph.graph_copy(traced.graph, val_map)
+    for node in graph.nodes:
+        if node.op == "call_function" and "source" not in node.meta:
+            node.meta["source"] = SourceLoc(module=f"optimizer.{optimizer.kind}")
+        if "tensor" not in node.meta and "val" in node.meta:
+            node.meta["tensor"] = tensor_meta(node.meta["val"])
+
+    # 3. Outputs: loss, updated parameters, updated optimizer state, updated buffers.
+    new_params, new_states, new_step = results[:n], results[n:-1], results[-1]
+    loss = sig.outputs_of(OutputKind.LOSS)[0]
+    outs = [(loss, out_values[loss.name])]
+    for grad, value in zip(grads, new_params, strict=True):
+        param = params[grad.target]
+        outs.append((OutputSpec(f"{grad.target}.updated", OutputKind.UPDATED_PARAMETER,
+                                param.spec, grad.target, param.name), value))
+    state_specs = new_inputs[1:] + new_inputs[:1]
+    for spec, value in zip(state_specs, [*new_states, new_step], strict=True):
+        outs.append((OutputSpec(f"{spec.target}.updated", OutputKind.UPDATED_STATE, spec.spec,
+                                spec.target, spec.name), value))
+    outs += [(o, out_values[o.name]) for o in sig.outputs_of(OutputKind.UPDATED_STATE)]
+    out_node.args = (tuple(v for _, v in outs),)
+    graph.eliminate_dead_code()
+    graph.lint()
+    program.graph_module.recompile()
+
+    ordered = [i for i in sig.inputs if i.kind != InputKind.USER_INPUT] + new_inputs + list(sig.user_inputs)
+    program.signature = Signature(tuple(ordered), tuple(spec for spec, _ in outs))
+    program.weights = weights
+    program.metadata["optimizer"] = optimizer.to_dict()
+    return program

@@ -1,0 +1,117 @@
+"""The one error hierarchy of `portable`.
+
+Every user-facing failure is a `PortableError`. Each carries what went wrong, where (op, module
+path, user source line when known) and the fix, and renders them in a fixed order so tests and
+users can rely on the message shape:
+
+    CaptureError: data-dependent control flow in `model.blocks.0` (aten.nonzero)
+      at examples/moe.py:41
+      fix: ...
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "ArchiveError",
+    "BackendError",
+    "CaptureError",
+    "InputError",
+    "LoweringError",
+    "PassError",
+    "PlanError",
+    "PortableError",
+    "RegistryError",
+    "VerifyError",
+]
+
+
+class PortableError(Exception):
+    """Base of all `portable` errors.
+
+    `what` is one sentence; `op`, `module`, `source` locate it; `fix` says what to do.
+    """
+
+    kind = "PortableError"
+
+    def __init__(
+        self,
+        what: str,
+        *,
+        op: str | None = None,
+        module: str | None = None,
+        source: str | None = None,
+        fix: str | None = None,
+        details: str | None = None,
+    ) -> None:
+        self.what = what
+        self.op = op
+        self.module = module
+        self.source = source
+        self.fix = fix
+        self.details = details
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        head = self.what
+        where = []
+        if self.op:
+            where.append(f"op `{self.op}`")
+        if self.module:
+            where.append(f"module `{self.module}`")
+        if where:
+            head += f" [{', '.join(where)}]"
+        lines = [head]
+        if self.source:
+            lines.append(f"  at {self.source}")
+        if self.details:
+            lines.extend("  " + line for line in self.details.splitlines())
+        if self.fix:
+            lines.append(f"  fix: {self.fix}")
+        return "\n".join(lines)
+
+
+class CaptureError(PortableError):
+    """The model could not be captured into the portable IR."""
+
+
+class VerifyError(PortableError):
+    """A graph violates the opset or the IR invariants."""
+
+
+class ArchiveError(PortableError):
+    """A saved program is missing, truncated, corrupted, tampered with or too new."""
+
+
+class RegistryError(PortableError):
+    """Unknown or duplicate backend / pass name, or a broken plug-in."""
+
+
+class BackendError(PortableError):
+    """A backend cannot lower, compile or run a program here."""
+
+
+class LoweringError(BackendError):
+    """An op has no lowering rule for a backend."""
+
+    def __init__(self, what: str, *, backend: str, **kw) -> None:
+        self.backend = backend
+        super().__init__(what, **kw)
+
+
+class InputError(PortableError):
+    """Run-time inputs do not match the program's signature."""
+
+
+class PlanError(PortableError):
+    """A parallelism plan is inconsistent with the mesh or the program."""
+
+
+class PassError(PortableError):
+    """A pass failed or left invalid IR; `history` lists the passes applied before it."""
+
+    def __init__(self, what: str, *, pass_name: str, history: tuple[str, ...] = (), **kw) -> None:
+        self.pass_name = pass_name
+        self.history = tuple(history)
+        if history and "details" not in kw:
+            kw["details"] = "after passes: " + ", ".join(history)
+        super().__init__(what, **kw)

@@ -1,0 +1,189 @@
+"""Parallelism plans: a named device mesh and partition specs.
+
+Vocabulary: an *axis* is a mesh axis (`"dp"`, `"tp"`), a *dim* is a tensor dimension. A
+`PartitionSpec` has one entry per tensor dim: `None` (replicated along it) or a tuple of mesh axes
+that shard it. An empty plan (no mesh) means one device. This module is the data model and its
+validation; the `spmd-partition` pass turns a plan into per-rank programs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from ..errors import PlanError
+
+__all__ = ["Mesh", "PartitionSpec", "Plan", "ShardingRule"]
+
+_AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+    """Named mesh axes and their sizes, in major-to-minor order: `Mesh({"dp": 2, "tp": 2})`."""
+
+    axes: tuple[tuple[str, int], ...]
+
+    def __init__(self, axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> None:
+        items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
+        for name, size in items:
+            if not isinstance(name, str) or not _AXIS.match(name):
+                raise PlanError(f"mesh axis name {name!r} is not an identifier", fix="use names like 'dp', 'tp'")
+            if not isinstance(size, int) or size < 1:
+                raise PlanError(f"mesh axis {name!r} has size {size!r}", fix="sizes are positive integers")
+        names = [n for n, _ in items]
+        if len(set(names)) != len(names):
+            raise PlanError(f"mesh axes repeat a name: {names}", fix="give each axis its own name")
+        object.__setattr__(self, "axes", items)
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n, _ in self.axes)
+
+    @property
+    def size(self) -> int:
+        return math.prod(s for _, s in self.axes)
+
+    def axis_size(self, name: str) -> int:
+        for n, s in self.axes:
+            if n == name:
+                return s
+        raise PlanError(
+            f"unknown mesh axis {name!r}",
+            fix=f"use one of the mesh's axes: {', '.join(self.names) or '(none)'}",
+        )
+
+    def to_json(self) -> dict[str, int]:
+        return dict(self.axes)
+
+
+@dataclasses.dataclass(frozen=True)
+class PartitionSpec:
+    """Per tensor dim: None, or the mesh axes sharding that dim (major first)."""
+
+    dims: tuple[tuple[str, ...] | None, ...]
+
+    def __init__(self, *dims: str | Sequence[str] | None) -> None:
+        norm = tuple(
+            None if d is None else ((d,) if isinstance(d, str) else tuple(d)) for d in dims
+        )
+        object.__setattr__(self, "dims", norm)
+
+    def axes(self) -> tuple[str, ...]:
+        return tuple(a for d in self.dims if d for a in d)
+
+    def shard_factor(self, mesh: Mesh, dim: int) -> int:
+        entry = self.dims[dim] if dim < len(self.dims) else None
+        return math.prod(mesh.axis_size(a) for a in entry) if entry else 1
+
+    def to_json(self) -> list[list[str] | None]:
+        return [list(d) if d else None for d in self.dims]
+
+    @staticmethod
+    def from_json(data: Sequence[Sequence[str] | None]) -> PartitionSpec:
+        return PartitionSpec(*[tuple(d) if d else None for d in data])
+
+    def __str__(self) -> str:
+        return "(" + ", ".join("*" if d is None else "+".join(d) for d in self.dims) + ")"
+
+
+@dataclasses.dataclass(frozen=True)
+class ShardingRule:
+    """A regex over tensor names (parameter fqns, input names) and the spec it assigns."""
+
+    pattern: str
+    spec: PartitionSpec
+
+    def matches(self, name: str) -> bool:
+        return re.fullmatch(self.pattern, name) is not None
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """Mesh + explicit per-tensor specs + ordered regex rules (first match wins).
+
+    Tensors with neither are replicated. `Plan()` is the single-device plan."""
+
+    mesh: Mesh | None = None
+    specs: tuple[tuple[str, PartitionSpec], ...] = ()
+    rules: tuple[ShardingRule, ...] = ()
+
+    @property
+    def is_single_device(self) -> bool:
+        return self.mesh is None or self.mesh.size == 1
+
+    def spec_for(self, name: str) -> PartitionSpec | None:
+        for tensor, spec in self.specs:
+            if tensor == name:
+                return spec
+        for rule in self.rules:
+            if rule.matches(name):
+                return rule.spec
+        return None
+
+    def validate(self, shapes: Mapping[str, Sequence[int]]) -> None:
+        """Check every spec against the mesh and the tensor shapes; raise PlanError with the
+        arithmetic on the first problem."""
+        if self.mesh is None:
+            if self.specs or self.rules:
+                raise PlanError("plan has partition specs but no mesh", fix="pass mesh=Mesh({...})")
+            return
+        for name, spec in self.specs:
+            if name not in shapes:
+                raise PlanError(
+                    f"plan names tensor {name!r}, which the program does not have",
+                    fix="use a parameter fqn or input name from `portable inspect`",
+                )
+        for rule in self.rules:
+            if not any(rule.matches(n) for n in shapes):
+                raise PlanError(
+                    f"sharding rule {rule.pattern!r} matches no tensor",
+                    fix="check the regex against the names `portable inspect` lists",
+                )
+        for name, shape in shapes.items():
+            spec = self.spec_for(name)
+            if spec is not None:
+                self._check(name, tuple(shape), spec)
+
+    def _check(self, name: str, shape: tuple[int, ...], spec: PartitionSpec) -> None:
+        assert self.mesh is not None
+        if len(spec.dims) > len(shape):
+            raise PlanError(
+                f"spec {spec} has {len(spec.dims)} dims but {name} has {len(shape)} ({list(shape)})",
+                fix="give one entry per tensor dim",
+            )
+        used = spec.axes()
+        if len(set(used)) != len(used):
+            raise PlanError(f"spec {spec} for {name} uses a mesh axis twice")
+        for dim, entry in enumerate(spec.dims):
+            if not entry:
+                continue
+            factor = spec.shard_factor(self.mesh, dim)
+            if shape[dim] % factor:
+                axes = "*".join(f"{a}({self.mesh.axis_size(a)})" for a in entry)
+                raise PlanError(
+                    f"{axes} does not divide {name} dim {dim} ({shape[dim]}): "
+                    f"{shape[dim]} % {factor} = {shape[dim] % factor}",
+                    fix="change the mesh sizes or shard another dim",
+                )
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "mesh": self.mesh.to_json() if self.mesh else None,
+            "specs": {name: spec.to_json() for name, spec in self.specs},
+            "rules": [{"pattern": r.pattern, "spec": r.spec.to_json()} for r in self.rules],
+        }
+
+    @staticmethod
+    def from_json(data: Mapping[str, Any] | None) -> Plan:
+        if not data:
+            return Plan()
+        mesh = Mesh(data["mesh"]) if data.get("mesh") else None
+        specs = tuple((k, PartitionSpec.from_json(v)) for k, v in data.get("specs", {}).items())
+        rules = tuple(
+            ShardingRule(r["pattern"], PartitionSpec.from_json(r["spec"])) for r in data.get("rules", [])
+        )
+        return Plan(mesh, specs, rules)

@@ -1,0 +1,101 @@
+"""`Program`: the unit that passes rewrite, backends lower and archives store.
+
+A program is a torch.fx graph over the portable opset plus its signature, weights, plan and
+metadata. Graph placeholders appear in signature-input order; the graph returns one flat tuple in
+signature-output order. Two kinds exist:
+
+- `inference`: parameters, buffers and user inputs in; model outputs out.
+- `training_step`: parameters, buffers, optimizer state and the batch in; the loss, updated
+  parameters, updated optimizer state and updated buffers out (each aliasing its input).
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import enum
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.fx
+
+from .plan import Plan
+from .signature import InputKind, Signature
+
+__all__ = ["Program", "ProgramKind"]
+
+
+class ProgramKind(str, enum.Enum):
+    INFERENCE = "inference"
+    TRAINING_STEP = "training_step"
+
+
+@dataclasses.dataclass
+class Program:
+    kind: ProgramKind
+    graph_module: torch.fx.GraphModule
+    signature: Signature
+    weights: dict[str, torch.Tensor]
+    plan: Plan = dataclasses.field(default_factory=Plan)
+    metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+
+    @property
+    def graph(self) -> torch.fx.Graph:
+        return self.graph_module.graph
+
+    @property
+    def name(self) -> str:
+        return str(self.metadata.get("name", "program"))
+
+    @property
+    def opset_version(self) -> str:
+        from ..opset import OPSET_VERSION
+
+        return str(self.metadata.get("opset_version", OPSET_VERSION))
+
+    @property
+    def content_hash(self) -> str:
+        """sha256 over the canonical graph, signature, plan and weight bytes."""
+        from .serialize import program_hash
+
+        return program_hash(self)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """Weights keyed by input placeholder name, in signature order."""
+        return {i.name: self.weights[i.target] for i in self.signature.state_inputs}
+
+    def parameters(self) -> dict[str, torch.Tensor]:
+        return {i.target: self.weights[i.target] for i in self.signature.inputs_of(InputKind.PARAMETER)}
+
+    def replace(self, **changes: Any) -> Program:
+        """A copy with some fields changed (graphs are deep-copied, weights shared)."""
+        fields = {
+            "kind": self.kind,
+            "graph_module": copy.deepcopy(self.graph_module),
+            "signature": self.signature,
+            "weights": dict(self.weights),
+            "plan": self.plan,
+            "metadata": copy.deepcopy(self.metadata),
+        }
+        fields.update(changes)
+        return Program(**fields)
+
+    def save(self, path: str | Path) -> Path:
+        """Write the archive (JSON + safetensors) atomically; see docs/archive-format.md."""
+        from ..archive import save
+
+        return save(self, path)
+
+    def text(self) -> str:
+        """The stable textual form of the graph (for golden tests and `portable inspect`)."""
+        from .printer import format_program
+
+        return format_program(self)
+
+    def __repr__(self) -> str:
+        n = sum(1 for node in self.graph.nodes if node.op == "call_function")
+        return (
+            f"Program({self.name!r}, kind={self.kind.value}, ops={n}, "
+            f"inputs={len(self.signature.inputs)}, outputs={len(self.signature.outputs)})"
+        )

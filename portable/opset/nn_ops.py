@@ -1,0 +1,216 @@
+"""`portable::` neural-network ops that must not be decomposed: attention and the norms.
+
+Each op has a real CPU kernel (the reference semantics), a fake kernel (shape/dtype only) and an
+autograd formula, so training-step capture records their backward. Attention's backward is its
+own op (`attention_backward`) so backends can lower it without materialising what the forward
+did not; the norms' backward is written in core ATen ops.
+
+The CPU kernels call the same PyTorch functions eager code calls (`scaled_dot_product_attention`,
+`layer_norm`, `rms_norm`), so a captured program is bit-identical to eager on the `cpu` backend.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from .library import define
+
+__all__ = ["attention_reference", "attention_scores_mask"]
+
+define(
+    "attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool is_causal=False, "
+    "float? scale=None) -> Tensor"
+)
+define(
+    "attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask=None, "
+    "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)"
+)
+define("rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor")
+define(
+    "layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
+    "float eps=1e-05) -> Tensor"
+)
+
+
+# --------------------------------------------------------------------------- attention
+
+
+def attention_scores_mask(
+    mask: torch.Tensor | None, is_causal: bool, lq: int, lk: int, dtype: torch.dtype, device
+) -> torch.Tensor | None:
+    """The additive mask (0 / -inf, or the user's float mask) applied to the scores.
+
+    Boolean masks keep `True` positions (SDPA's convention); causal is top-left aligned."""
+    additive = None
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            additive = torch.zeros(mask.shape, dtype=dtype, device=device).masked_fill(
+                ~mask, float("-inf")
+            )
+        else:
+            additive = mask.to(dtype)
+    if is_causal:
+        keep = torch.ones(lq, lk, dtype=torch.bool, device=device).tril()
+        causal = torch.zeros(lq, lk, dtype=dtype, device=device).masked_fill(~keep, float("-inf"))
+        additive = causal if additive is None else additive + causal
+    return additive
+
+
+def _expand_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+    """Repeat k/v heads for grouped-query attention (q heads = group * kv heads)."""
+    hq, hk = q.shape[-3], t.shape[-3]
+    return t if hq == hk else t.repeat_interleave(hq // hk, dim=-3)
+
+
+def attention_reference(q, k, v, mask=None, is_causal=False, scale=None):
+    """softmax(q @ k^T * scale + mask) @ v in the inputs' dtype, GQA by head repetition."""
+    if mask is not None and is_causal:
+        combined = attention_scores_mask(mask, True, q.shape[-2], k.shape[-2], q.dtype, q.device)
+        return F.scaled_dot_product_attention(
+            q, _expand_kv(q, k), _expand_kv(q, v), attn_mask=combined, scale=scale
+        )
+    return F.scaled_dot_product_attention(
+        q,
+        k,
+        v,
+        attn_mask=mask,
+        is_causal=is_causal,
+        scale=scale,
+        enable_gqa=q.shape[-3] != k.shape[-3],
+    )
+
+
+@torch.library.register_kernel("portable::attention", "cpu")
+def _attention_cpu(q, k, v, mask=None, is_causal=False, scale=None):
+    return attention_reference(q, k, v, mask, is_causal, scale)
+
+
+@torch.library.register_fake("portable::attention")
+def _attention_fake(q, k, v, mask=None, is_causal=False, scale=None):
+    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+
+
+@torch.library.register_kernel("portable::attention_backward", "cpu")
+def _attention_backward_cpu(grad, q, k, v, mask=None, is_causal=False, scale=None):
+    """Math backward: P = softmax(S), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
+    dQ = s dS K, dK = s dS^T Q; grouped heads summed back onto their kv head."""
+    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
+    kk, vv = _expand_kv(q, k), _expand_kv(q, v)
+    scores = (q @ kk.transpose(-2, -1)) * s
+    additive = attention_scores_mask(mask, is_causal, q.shape[-2], k.shape[-2], q.dtype, q.device)
+    if additive is not None:
+        scores = scores + additive
+    p = torch.softmax(scores, dim=-1)
+    out = p @ vv
+    dv = p.transpose(-2, -1) @ grad
+    dp = grad @ vv.transpose(-2, -1)
+    ds = p * (dp - (grad * out).sum(-1, keepdim=True))
+    dq = (ds @ kk) * s
+    dk = (ds.transpose(-2, -1) @ q) * s
+    group = q.shape[-3] // k.shape[-3]
+    if group > 1:
+        dk = dk.unflatten(-3, (k.shape[-3], group)).sum(-3)
+        dv = dv.unflatten(-3, (k.shape[-3], group)).sum(-3)
+    return dq, dk, dv
+
+
+@torch.library.register_fake("portable::attention_backward")
+def _attention_backward_fake(grad, q, k, v, mask=None, is_causal=False, scale=None):
+    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+
+
+def _attention_setup(ctx, inputs, output):
+    q, k, v, mask, is_causal, scale = inputs
+    ctx.save_for_backward(q, k, v, mask)
+    ctx.is_causal, ctx.scale = is_causal, scale
+
+
+def _attention_grad(ctx, grad):
+    q, k, v, mask = ctx.saved_tensors
+    dq, dk, dv = torch.ops.portable.attention_backward(grad, q, k, v, mask, ctx.is_causal, ctx.scale)
+    return dq, dk, dv, None, None, None
+
+
+torch.library.register_autograd(
+    "portable::attention", _attention_grad, setup_context=_attention_setup
+)
+
+
+# --------------------------------------------------------------------------- norms
+
+
+def _norm_dims(x: torch.Tensor, normalized_shape) -> list[int]:
+    return list(range(x.dim() - len(normalized_shape), x.dim()))
+
+
+@torch.library.register_kernel("portable::rms_norm", "cpu")
+def _rms_norm_cpu(x, normalized_shape, weight=None, eps=None):
+    return torch.rms_norm(x, normalized_shape, weight, eps)
+
+
+@torch.library.register_kernel("portable::layer_norm", "cpu")
+def _layer_norm_cpu(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return torch.layer_norm(x, normalized_shape, weight, bias, eps)
+
+
+@torch.library.register_fake("portable::rms_norm")
+def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
+    return torch.empty_like(x)
+
+
+@torch.library.register_fake("portable::layer_norm")
+def _layer_norm_fake(x, normalized_shape, weight=None, bias=None, eps=1e-5):
+    return torch.empty_like(x)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.normalized_shape = normalized_shape
+    ctx.eps = eps
+
+
+def _rms_norm_grad(ctx, grad):
+    # y = x * r * w with r = rsqrt(mean(x^2) + eps) over the normalized dims (n elements):
+    # dx = r * (g*w) - x * r^3 * mean(g*w*x);  dw = sum over leading dims of g * x * r.
+    x, weight = ctx.saved_tensors
+    dims = _norm_dims(x, ctx.normalized_shape)
+    eps = ctx.eps if ctx.eps is not None else torch.finfo(x.dtype).eps
+    xf = x.float()
+    r = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
+    gw = grad.float() if weight is None else grad.float() * weight.float()
+    dx = r * gw - xf * r.pow(3) * (gw * xf).mean(dims, keepdim=True)
+    dw = None
+    if weight is not None:
+        lead = list(range(x.dim() - len(ctx.normalized_shape)))
+        dw = (grad.float() * (xf * r).to(x.dtype).float()).sum(lead).to(weight.dtype)
+    return dx.to(x.dtype), None, dw, None
+
+
+torch.library.register_autograd("portable::rms_norm", _rms_norm_grad, setup_context=_rms_norm_setup)
+
+
+def _layer_norm_setup(ctx, inputs, output):
+    x, normalized_shape, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight, bias)
+    ctx.normalized_shape, ctx.eps = normalized_shape, eps
+
+
+def _layer_norm_grad(ctx, grad):
+    # Recompute mean/rstd with the core op and use ATen's own backward: the same numbers eager
+    # autograd produces for layer_norm.
+    x, weight, bias = ctx.saved_tensors
+    _, mean, rstd = torch.ops.aten.native_layer_norm(x, ctx.normalized_shape, weight, bias, ctx.eps)
+    mask = [True, weight is not None, bias is not None]
+    dx, dw, db = torch.ops.aten.native_layer_norm_backward(
+        grad, x, ctx.normalized_shape, mean, rstd, weight, bias, mask
+    )
+    return dx, None, dw, db, None
+
+
+torch.library.register_autograd(
+    "portable::layer_norm", _layer_norm_grad, setup_context=_layer_norm_setup
+)

@@ -1,0 +1,272 @@
+"""The opset table: every op a portable program may contain, declared as data.
+
+Each entry: `name` (the torch op overload, `aten.add.Tensor` / `portable.attention`), `dtypes`
+(the input dtype class it accepts), `shape` (its shape rule, by name; the verifier evaluates it
+with the op's fake kernel), and one line of `semantics`. The signature is the op's registered
+schema. `docs/opset.md` is generated from this table (`python -m portable.opset.docs`).
+
+Versioning: OPSET_VERSION is `MAJOR.MINOR`. Adding ops bumps MINOR; changing or removing one bumps
+MAJOR. Archives record the version they were written with; a reader accepts any MINOR of its MAJOR
+that is not newer than its own.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import torch
+
+OPSET_VERSION = "1.0"
+
+# dtype classes
+FLOAT = "float"
+NUMERIC = "numeric"  # int or float, not bool
+ANY = "any"
+UINT8 = "uint8"
+
+_FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
+
+# shape rules, by name (documentation; the verifier evaluates them with the fake kernels)
+SHAPE_RULES = {
+    "same": "output has the input's shape",
+    "broadcast": "output shape is the broadcast of the tensor inputs' shapes",
+    "reduce": "reduced dims removed (or kept as 1 with keepdim)",
+    "matmul": "[..., m, k] x [..., k, n] -> [..., m, n] with batch broadcast",
+    "view": "output shape given by the size/dims argument (element count preserved)",
+    "index": "output shape from the index tensor / slice bounds",
+    "concat": "inputs joined along dim",
+    "creation": "output shape given by the size argument",
+    "conv": "spatial dims (in + 2*pad - dilation*(k-1) - 1) // stride + 1",
+    "pool": "spatial dims as conv with the pooling window",
+    "norm": "output has the input's shape; statistics reduced over normalized dims",
+    "tuple": "a tuple of tensors, each by its own rule",
+    "collective": "all_gather multiplies dim by group size, reduce_scatter divides it, others keep shape",
+    "mx": "codes: input shape (FP4 halves axis); scales: axis divided by block size, rounded up",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class OpDef:
+    name: str
+    dtypes: str
+    shape: str
+    semantics: str
+
+    @property
+    def namespace(self) -> str:
+        return self.name.split(".", 1)[0]
+
+    @functools.cached_property
+    def overload(self) -> torch._ops.OpOverload:
+        ns, op, overload = (self.name.split(".") + ["default"])[:3]
+        return getattr(getattr(getattr(torch.ops, ns), op), overload)
+
+    @property
+    def signature(self) -> str:
+        return str(self.overload._schema)
+
+    def accepts(self, dtype: torch.dtype) -> bool:
+        if self.dtypes == ANY:
+            return True
+        if self.dtypes == FLOAT:
+            return dtype in _FLOAT_DTYPES
+        if self.dtypes == UINT8:
+            return dtype == torch.uint8
+        return dtype != torch.bool  # NUMERIC
+
+
+def _e(name: str, dtypes: str, shape: str, semantics: str) -> OpDef:
+    return OpDef(name, dtypes, shape, semantics)
+
+
+_ATEN: tuple[OpDef, ...] = (
+    # elementwise arithmetic
+    _e("aten.add.Tensor", NUMERIC, "broadcast", "x + alpha * y"),
+    _e("aten.add.Scalar", NUMERIC, "same", "x + alpha * scalar"),
+    _e("aten.sub.Tensor", NUMERIC, "broadcast", "x - alpha * y"),
+    _e("aten.sub.Scalar", NUMERIC, "same", "x - alpha * scalar"),
+    _e("aten.rsub.Scalar", NUMERIC, "same", "scalar - alpha * x"),
+    _e("aten.mul.Tensor", ANY, "broadcast", "x * y"),
+    _e("aten.mul.Scalar", NUMERIC, "same", "x * scalar"),
+    _e("aten.div.Tensor", NUMERIC, "broadcast", "x / y (true division)"),
+    _e("aten.div.Tensor_mode", NUMERIC, "broadcast", "x / y rounded by rounding_mode (trunc or floor)"),
+    _e("aten.div.Scalar", NUMERIC, "same", "x / scalar"),
+    _e("aten.neg.default", NUMERIC, "same", "-x"),
+    _e("aten.abs.default", NUMERIC, "same", "|x|"),
+    _e("aten.pow.Tensor_Scalar", NUMERIC, "same", "x ** exponent"),
+    _e("aten.pow.Tensor_Tensor", NUMERIC, "broadcast", "x ** y"),
+    _e("aten.pow.Scalar", NUMERIC, "same", "scalar ** x"),
+    _e("aten.sqrt.default", FLOAT, "same", "square root"),
+    _e("aten.rsqrt.default", FLOAT, "same", "1 / sqrt(x)"),
+    _e("aten.exp.default", FLOAT, "same", "e ** x"),
+    _e("aten.log.default", FLOAT, "same", "natural logarithm"),
+    _e("aten.tanh.default", FLOAT, "same", "hyperbolic tangent"),
+    _e("aten.sigmoid.default", FLOAT, "same", "1 / (1 + exp(-x))"),
+    _e("aten.sin.default", FLOAT, "same", "sine"),
+    _e("aten.cos.default", FLOAT, "same", "cosine"),
+    _e("aten.erf.default", FLOAT, "same", "Gauss error function"),
+    _e("aten.reciprocal.default", FLOAT, "same", "1 / x"),
+    _e("aten.maximum.default", NUMERIC, "broadcast", "elementwise max (NaN propagates)"),
+    _e("aten.minimum.default", NUMERIC, "broadcast", "elementwise min (NaN propagates)"),
+    _e("aten.clamp.default", NUMERIC, "same", "min(max(x, lo), hi)"),
+    _e("aten.clamp_min.default", NUMERIC, "same", "max(x, lo)"),
+    _e("aten.clamp_max.default", NUMERIC, "same", "min(x, hi)"),
+    _e("aten.relu.default", NUMERIC, "same", "max(x, 0)"),
+    _e("aten.gelu.default", FLOAT, "same", "x * Phi(x) (approximate='none') or its tanh form"),
+    _e("aten.gelu_backward.default", FLOAT, "broadcast", "d gelu(x) / dx * grad"),
+    _e("aten.silu.default", FLOAT, "same", "x * sigmoid(x)"),
+    _e("aten.threshold_backward.default", NUMERIC, "broadcast", "grad where x > threshold else 0"),
+    _e("aten.tanh_backward.default", FLOAT, "broadcast", "grad * (1 - y^2)"),
+    _e("aten.sigmoid_backward.default", FLOAT, "broadcast", "grad * y * (1 - y)"),
+    _e("aten.where.self", ANY, "broadcast", "cond ? x : y"),
+    _e("aten.bitwise_not.default", ANY, "same", "logical / bitwise not"),
+    _e("aten.bitwise_and.Tensor", ANY, "broadcast", "logical / bitwise and"),
+    _e("aten.bitwise_or.Tensor", ANY, "broadcast", "logical / bitwise or"),
+    _e("aten.logical_not.default", ANY, "same", "not x (bool result)"),
+    _e("aten.logical_and.default", ANY, "broadcast", "x and y (bool result)"),
+    _e("aten.logical_or.default", ANY, "broadcast", "x or y (bool result)"),
+    # comparisons
+    _e("aten.eq.Scalar", ANY, "same", "x == scalar"),
+    _e("aten.eq.Tensor", ANY, "broadcast", "x == y"),
+    _e("aten.ne.Scalar", ANY, "same", "x != scalar"),
+    _e("aten.ne.Tensor", ANY, "broadcast", "x != y"),
+    _e("aten.lt.Scalar", NUMERIC, "same", "x < scalar"),
+    _e("aten.lt.Tensor", NUMERIC, "broadcast", "x < y"),
+    _e("aten.le.Scalar", NUMERIC, "same", "x <= scalar"),
+    _e("aten.le.Tensor", NUMERIC, "broadcast", "x <= y"),
+    _e("aten.gt.Scalar", NUMERIC, "same", "x > scalar"),
+    _e("aten.gt.Tensor", NUMERIC, "broadcast", "x > y"),
+    _e("aten.ge.Scalar", NUMERIC, "same", "x >= scalar"),
+    _e("aten.ge.Tensor", NUMERIC, "broadcast", "x >= y"),
+    _e("aten.isnan.default", ANY, "same", "x != x"),
+    # reductions
+    _e("aten.sum.dim_IntList", ANY, "reduce", "sum over dims"),
+    _e("aten.sum.default", ANY, "reduce", "sum of all elements"),
+    _e("aten.mean.dim", FLOAT, "reduce", "mean over dims"),
+    _e("aten.mean.default", FLOAT, "reduce", "mean of all elements"),
+    _e("aten.amax.default", NUMERIC, "reduce", "max over dims"),
+    _e("aten.amin.default", NUMERIC, "reduce", "min over dims"),
+    _e("aten.max.dim", NUMERIC, "tuple", "(max, argmax) over one dim"),
+    _e("aten.argmax.default", NUMERIC, "reduce", "index of the max over one dim"),
+    _e("aten.var.correction", FLOAT, "reduce", "variance over dims with a correction"),
+    _e("aten.topk.default", NUMERIC, "tuple", "(values, indices) of the k largest along dim"),
+    _e("aten.cumsum.default", NUMERIC, "same", "inclusive prefix sum along dim"),
+    # softmax family
+    _e("aten._softmax.default", FLOAT, "same", "exp(x - max) / sum(exp(x - max)) along dim"),
+    _e("aten._log_softmax.default", FLOAT, "same", "x - max - log(sum(exp(x - max))) along dim"),
+    _e("aten._softmax_backward_data.default", FLOAT, "same", "y * (g - sum(g * y)) along dim"),
+    _e("aten._log_softmax_backward_data.default", FLOAT, "same", "g - exp(y) * sum(g) along dim"),
+    # linear algebra
+    _e("aten.mm.default", NUMERIC, "matmul", "[m, k] @ [k, n]"),
+    _e("aten.bmm.default", NUMERIC, "matmul", "[b, m, k] @ [b, k, n]"),
+    _e("aten.addmm.default", NUMERIC, "matmul", "beta * bias + alpha * (x @ w)"),
+    # shape and layout
+    _e("aten.view.default", ANY, "view", "reinterpret with a new shape (contiguous semantics)"),
+    _e("aten._unsafe_view.default", ANY, "view", "as view, no aliasing guarantee"),
+    _e("aten.reshape.default", ANY, "view", "new shape with the same elements in row-major order"),
+    _e("aten.permute.default", ANY, "view", "reorder dims"),
+    _e("aten.transpose.int", ANY, "view", "swap two dims"),
+    _e("aten.t.default", ANY, "view", "transpose a 2-D tensor"),
+    _e("aten.unsqueeze.default", ANY, "view", "insert a size-1 dim"),
+    _e("aten.squeeze.dims", ANY, "view", "remove the given size-1 dims"),
+    _e("aten.squeeze.dim", ANY, "view", "remove a size-1 dim"),
+    _e("aten.expand.default", ANY, "view", "broadcast to a larger shape"),
+    _e("aten.clone.default", ANY, "same", "copy"),
+    _e("aten.alias.default", ANY, "same", "identity"),
+    _e("aten._to_copy.default", ANY, "same", "copy with a new dtype (round to nearest even)"),
+    _e("aten.cat.default", ANY, "concat", "concatenate along dim"),
+    _e("aten.stack.default", ANY, "concat", "stack along a new dim"),
+    _e("aten.split_with_sizes.default", ANY, "tuple", "split along dim into the given sizes"),
+    _e("aten.slice.Tensor", ANY, "index", "x[start:end:step] along dim"),
+    _e("aten.slice_scatter.default", ANY, "same", "x with x[start:end:step] along dim replaced by src"),
+    _e("aten.select.int", ANY, "index", "x[index] along dim, dim removed"),
+    _e("aten.select_scatter.default", ANY, "same", "x with x[index] along dim replaced by src"),
+    _e("aten.index.Tensor", ANY, "index", "advanced indexing by index tensors"),
+    _e("aten.index_put.default", ANY, "same", "x with x[indices] = (or +=) values"),
+    _e("aten.index_select.default", ANY, "index", "gather whole slices along dim"),
+    _e("aten.gather.default", ANY, "index", "out[i][j] = x[i][index[i][j]] along dim"),
+    _e("aten.scatter.src", ANY, "same", "x with x[index] = src along dim"),
+    _e("aten.scatter.value", ANY, "same", "x with x[index] = value along dim"),
+    _e("aten.scatter_add.default", NUMERIC, "same", "x with x[index] += src along dim"),
+    _e("aten.embedding.default", ANY, "index", "weight[indices]"),
+    _e("aten.embedding_dense_backward.default", FLOAT, "index", "scatter-add grad rows into a zero weight"),
+    _e("aten.constant_pad_nd.default", ANY, "view", "pad with a constant"),
+    _e("aten.tril.default", ANY, "same", "zero above the diagonal"),
+    _e("aten.triu.default", ANY, "same", "zero below the diagonal"),
+    # creation
+    _e("aten.full.default", ANY, "creation", "tensor of one value"),
+    _e("aten.full_like.default", ANY, "same", "tensor of one value, shaped like x"),
+    _e("aten.zeros_like.default", ANY, "same", "zeros shaped like x"),
+    _e("aten.ones_like.default", ANY, "same", "ones shaped like x"),
+    _e("aten.empty.memory_format", ANY, "creation", "uninitialised tensor (always overwritten)"),
+    _e("aten.empty_permuted.default", ANY, "creation", "uninitialised tensor with a dim order (always overwritten)"),
+    _e("aten.arange.start_step", ANY, "creation", "start, start+step, ... < end"),
+    _e("aten.scalar_tensor.default", ANY, "creation", "0-d tensor of a value"),
+    _e("aten.lift_fresh_copy.default", ANY, "same", "copy of a constant"),
+    # convolution, pooling, batch norm
+    _e("aten.convolution.default", FLOAT, "conv", "N-d convolution with stride, padding, dilation, groups"),
+    _e("aten.convolution_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of convolution"),
+    _e("aten.max_pool2d_with_indices.default", FLOAT, "pool", "(max, argmax) over 2-d windows"),
+    _e("aten.max_pool2d_with_indices_backward.default", FLOAT, "same", "route grad to each window's argmax"),
+    _e("aten.avg_pool2d.default", FLOAT, "pool", "mean over 2-d windows"),
+    _e("aten.avg_pool2d_backward.default", FLOAT, "same", "spread grad evenly over each window"),
+    _e("aten._adaptive_avg_pool2d.default", FLOAT, "pool", "mean over adaptive 2-d windows"),
+    _e("aten._adaptive_avg_pool2d_backward.default", FLOAT, "same", "backward of adaptive average pooling"),
+    _e("aten._native_batch_norm_legit_no_training.default", FLOAT, "tuple", "batch norm with running statistics"),
+    _e("aten._native_batch_norm_legit_functional.default", FLOAT, "tuple", "batch norm with batch statistics; returns updated running stats"),
+    _e("aten.native_batch_norm_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of batch norm"),
+    _e("aten.native_layer_norm.default", FLOAT, "tuple", "(y, mean, rstd) of layer norm"),
+    _e("aten.native_layer_norm_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of layer norm"),
+)
+
+_PORTABLE: tuple[OpDef, ...] = (
+    _e("portable.attention.default", FLOAT, "same",
+       "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads repeat for GQA"),
+    _e("portable.attention_backward.default", FLOAT, "tuple", "(dq, dk, dv) of attention, recomputing the probabilities"),
+    _e("portable.rms_norm.default", FLOAT, "norm", "x * rsqrt(mean(x^2) + eps) * weight over the normalized dims"),
+    _e("portable.layer_norm.default", FLOAT, "norm", "(x - mean) * rsqrt(var + eps) * weight + bias over the normalized dims"),
+    _e("portable.mx_quantize.default", FLOAT, "mx", "OCP MX block quantization: (element codes, E8M0 scale bytes)"),
+    _e("portable.mx_dequantize.default", UINT8, "mx", "codes * 2^(scale - 127) in dtype"),
+    _e("portable.all_reduce.default", NUMERIC, "collective", "reduce across the axis's group; every rank gets the result"),
+    _e("portable.all_gather.default", ANY, "collective", "concatenate every rank's tensor along dim"),
+    _e("portable.reduce_scatter.default", NUMERIC, "collective", "reduce across the group, each rank keeps its slice along dim"),
+    _e("portable.all_to_all.default", ANY, "collective", "split along split_dim, exchange, concatenate along concat_dim"),
+    _e("portable.wait.default", ANY, "same", "the completed value of an asynchronous collective"),
+)
+
+
+@functools.cache
+def opset_table() -> dict[str, OpDef]:
+    """name -> OpDef for every op in the opset (portable ops are registered on first use)."""
+    from . import collectives, mx_ops, nn_ops  # noqa: F401
+
+    table = {}
+    for entry in (*_ATEN, *_PORTABLE):
+        if entry.name in table:
+            raise ValueError(f"opset entry {entry.name} is declared twice")
+        if entry.shape not in SHAPE_RULES:
+            raise ValueError(f"opset entry {entry.name} has unknown shape rule {entry.shape}")
+        table[entry.name] = entry
+    return table
+
+
+def op_name(target) -> str:
+    """`aten.add.Tensor` for torch.ops.aten.add.Tensor; the qualified name for other callables."""
+    if isinstance(target, torch._ops.OpOverload):
+        ns, rest = target.name().split("::", 1)
+        op, _, overload = rest.partition(".")
+        return f"{ns}.{op}.{overload or 'default'}"
+    return getattr(target, "__qualname__", None) or str(target)
+
+
+def lookup(target) -> OpDef | None:
+    """The opset entry for a node target, or None if the op is not in the opset."""
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    return opset_table().get(op_name(target))
+
+
+def resolve(name: str) -> torch._ops.OpOverload:
+    """The torch op overload for an opset name; KeyError if not in the opset."""
+    return opset_table()[name].overload

@@ -1,0 +1,177 @@
+"""The IR verifier: every node against the opset and the program invariants.
+
+Checks, per node: the op is in the opset; its arguments are graph values or plain data (no Python
+callables or closures); its shape and dtype are recorded and static (ints, or declared symbolic
+dims); its recorded result equals the op's shape rule applied to its recorded inputs (evaluated
+with the op's fake kernel); its input dtypes are ones the op declares. Per program: placeholders
+match the signature, the output tuple matches the signature, every state input has a weight of the
+recorded shape and dtype.
+"""
+
+from __future__ import annotations
+
+import operator
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from .errors import VerifyError
+from .ir.program import Program
+from .ir.signature import TensorSpec
+from .ir.source import source_of
+from .opset import lookup, op_name
+
+__all__ = ["verify"]
+
+_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+
+
+def _fail(what: str, node: torch.fx.Node | None = None, fix: str | None = None, op: str | None = None):
+    src = source_of(node) if node is not None else None
+    raise VerifyError(
+        what,
+        op=op or (op_name(node.target) if node is not None and node.op == "call_function" else None),
+        module=src.module if src else None,
+        source=src.location() if src else None,
+        fix=fix,
+    )
+
+
+def _check_arg(node: torch.fx.Node, value) -> None:
+    if isinstance(value, torch.fx.Node) or isinstance(value, _PLAIN):
+        return
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            _check_arg(node, v)
+        return
+    _fail(
+        f"node {node.name} has a non-data argument of type {type(value).__name__}",
+        node,
+        fix="graphs may only hold tensors, numbers, strings, dtypes and lists of them; "
+        "Python callables and closures cannot be serialized or lowered",
+    )
+
+
+def _specs(meta) -> list[TensorSpec]:
+    if isinstance(meta, TensorSpec):
+        return [meta]
+    if isinstance(meta, tuple):
+        return [m for m in meta if isinstance(m, TensorSpec)]
+    return []
+
+
+def _check_static(node: torch.fx.Node, symbols: set[str]) -> None:
+    for spec in _specs(node.meta.get("tensor")):
+        for dim in spec.shape:
+            if isinstance(dim, str) and dim not in symbols:
+                _fail(
+                    f"node {node.name} has an undeclared symbolic dim {dim!r}",
+                    node,
+                    fix="declare it with dynamic_shapes=... at capture, or capture with static shapes",
+                )
+
+
+def verify(program: Program, *, check_shapes: bool = True) -> None:
+    """Raise VerifyError on the first violation; return None when the program is valid."""
+    graph = program.graph
+    sig = program.signature
+    symbols = set(program.metadata.get("symbolic_dims", []))
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    if [p.name for p in placeholders] != [i.name for i in sig.inputs]:
+        _fail(
+            "graph placeholders do not match the signature inputs",
+            fix=f"placeholders {[p.name for p in placeholders]} vs signature {[i.name for i in sig.inputs]}",
+        )
+    for spec in sig.state_inputs:
+        weight = program.weights.get(spec.target)
+        if weight is None:
+            _fail(f"state input {spec.name} ({spec.target}) has no weight", fix="re-capture the program")
+        if TensorSpec.of(weight) != spec.spec:
+            _fail(f"weight {spec.target} is {TensorSpec.of(weight)}, signature says {spec.spec}")
+    outputs = graph.output_node().args[0]
+    if not isinstance(outputs, (tuple, list)) or len(outputs) != len(sig.outputs):
+        _fail("the graph output does not match the signature outputs")
+
+    for node in graph.nodes:
+        if node.op in ("get_attr", "call_module", "call_method"):
+            _fail(f"node {node.name} is a {node.op}", node, fix="programs hold only call_function nodes over the opset")
+        if node.op != "call_function":
+            continue
+        if node.target is not operator.getitem and lookup(node.target) is None:
+            _fail(
+                f"op {op_name(node.target)} is not in the portable opset",
+                node,
+                fix="rewrite the model code with supported ops (`portable ops` lists them), "
+                "or ask for the op to be added to the opset",
+            )
+        for value in (*node.args, *node.kwargs.values()):
+            _check_arg(node, value)
+        if "tensor" not in node.meta:
+            _fail(f"node {node.name} has no recorded shape and dtype", node, fix="re-capture the program")
+        _check_static(node, symbols)
+    if check_shapes and not symbols:
+        _check_shape_rules(program)
+
+
+def _check_shape_rules(program: Program) -> None:
+    """Re-derive each node's shape and dtype with the op's fake kernel from recorded inputs."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    env: dict[torch.fx.Node, object] = {}
+
+    def fake(spec: TensorSpec):
+        with mode:
+            return torch.empty(spec.shape, dtype=spec.dtype)
+
+    def load(value):
+        return torch.fx.node.map_arg(value, lambda n: env[n])
+
+    for node in program.graph.nodes:
+        if node.op == "placeholder":
+            env[node] = fake(node.meta["tensor"])
+        elif node.op == "call_function":
+            args, kwargs = load(node.args), load(node.kwargs)
+            if node.target is operator.getitem:
+                env[node] = args[0][args[1]]
+                continue
+            entry = lookup(node.target)
+            _check_dtypes(node, entry, args)
+            try:
+                with mode:
+                    result = node.target(*args, **kwargs)
+            except Exception as exc:
+                _fail(f"the shape rule of {entry.name} rejects node {node.name}: {exc}", node)
+            recorded = node.meta["tensor"]
+            derived = _to_spec(result)
+            if derived != recorded:
+                _fail(
+                    f"node {node.name} records {_fmt(recorded)} but {entry.name}'s shape rule "
+                    f"gives {_fmt(derived)}",
+                    node,
+                    fix="a pass changed this node without updating meta['tensor']",
+                )
+            env[node] = result
+
+
+def _check_dtypes(node, entry, args) -> None:
+    first = next((a for a in args if isinstance(a, torch.Tensor)), None)
+    if first is not None and not entry.accepts(first.dtype):
+        _fail(
+            f"{entry.name} does not take {first.dtype} (declared dtypes: {entry.dtypes})",
+            node,
+            fix="cast the input to a supported dtype",
+        )
+
+
+def _to_spec(value):
+    if isinstance(value, torch.Tensor):
+        return TensorSpec.of(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_to_spec(v) for v in value)
+    return None
+
+
+def _fmt(meta) -> str:
+    if isinstance(meta, tuple):
+        return "(" + ", ".join(_fmt(m) for m in meta) + ")"
+    return str(meta)

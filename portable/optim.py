@@ -83,18 +83,18 @@ class SGD(Optimizer):
 
     def update(self, param, grad, state, step):
         if self.weight_decay != 0:
-            grad = grad + self.weight_decay * param
+            grad = grad.add(param, alpha=self.weight_decay)
         new_state = {}
         if self.momentum != 0:
             # torch.optim.SGD: buf = grad on the first step, else momentum*buf + (1-dampening)*grad.
             # Written branch-free: `first` is 1.0 on step 0, 0.0 afterwards.
             first = (step == 0).to(grad.dtype)
             buf = state["momentum_buffer"]
-            later = buf * self.momentum + grad * (1 - self.dampening)
+            later = buf.mul(self.momentum).add(grad, alpha=1 - self.dampening)
             buf = first * grad + (1 - first) * later
             new_state["momentum_buffer"] = buf
-            grad = grad + self.momentum * buf if self.nesterov else buf
-        return param - self.lr * grad, new_state
+            grad = grad.add(buf, alpha=self.momentum) if self.nesterov else buf
+        return param.add(grad, alpha=-self.lr), new_state
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,16 +112,21 @@ class AdamW(Optimizer):
         return ("exp_avg", "exp_avg_sq")
 
     def update(self, param, grad, state, step):
+        # Mirrors torch.optim.AdamW's single-tensor step op for op, so the cpu backend matches
+        # an eager loop bit for bit: bias corrections are computed in float64 (torch computes
+        # them as Python floats) and rounded once to the parameter dtype; lerp and addcmul are
+        # the same ATen kernels; addcdiv is value * exp_avg / denom, then added.
         beta1, beta2 = self.betas
-        t = step + 1
-        param = param * (1 - self.lr * self.weight_decay)
-        exp_avg = state["exp_avg"] + (grad - state["exp_avg"]) * (1 - beta1)
-        exp_avg_sq = state["exp_avg_sq"] * beta2 + grad * grad * (1 - beta2)
+        t = (step + 1).to(torch.float64)
         bias_correction1 = 1 - torch.pow(beta1, t)
         bias_correction2 = 1 - torch.pow(beta2, t)
-        step_size = self.lr / bias_correction1
-        denom = exp_avg_sq.sqrt() / bias_correction2.sqrt() + self.eps
-        param = param - step_size * (exp_avg / denom)
+        step_size = (self.lr / bias_correction1).to(param.dtype)
+        bias_correction2_sqrt = bias_correction2.pow(0.5).to(param.dtype)
+        param = param.mul(1 - self.lr * self.weight_decay)
+        exp_avg = state["exp_avg"].lerp(grad, 1 - beta1)
+        exp_avg_sq = state["exp_avg_sq"].mul(beta2).addcmul(grad, grad, value=1 - beta2)
+        denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + self.eps
+        param = param + (-step_size) * exp_avg / denom
         return param, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
 

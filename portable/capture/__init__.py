@@ -17,7 +17,6 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch._decomp import core_aten_decompositions
 from torch.export.exported_program import _decompose_exported_program
 
 from ..errors import CaptureError, PortableError
@@ -26,9 +25,11 @@ from ..ir.program import Program, ProgramKind
 from ..ir.source import from_fx_meta
 from ..optim import as_optimizer
 from .build import to_program
+from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file
 from .portable_ops import rewrite_to_portable_ops
+from .recompose import recompose
 from .training import add_optimizer
 
 __all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
@@ -183,7 +184,7 @@ def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Pr
     ep, tied = _untie(ep, "")
     _portable_ops(ep, "")
     try:
-        ep = ep.run_decompositions()
+        ep = ep.run_decompositions(decompositions(python_only=False))
     except Exception as exc:
         raise diagnose(exc, phase="decomposing to core ATen") from exc
     _normalize(ep.graph_module)
@@ -204,13 +205,14 @@ def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, option
         ep = _decompose_exported_program(
             ep,
             cia_to_decomp={},
-            python_decomp_table=core_aten_decompositions(),
+            python_decomp_table=decompositions(python_only=True),
             joint_loss_index=0,
             decompose_custom_triton_ops=False,
         )
     except Exception as exc:
         raise diagnose(exc, phase="building the backward graph") from exc
     _normalize(ep.graph_module)
+    recompose(ep.graph_module)
     program = to_program(
         ep, ProgramKind.TRAINING_STEP, name=name, strip_prefix=_WRAPPER_PREFIX, options=options
     )

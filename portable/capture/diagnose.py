@@ -61,6 +61,11 @@ _KNOWN: tuple[tuple[str, str, str], ...] = (
         "capture without caches: call the model with use_cache=False",
     ),
     (
+        r"did not receive a gradient",
+        "a trainable parameter does not influence the loss",
+        "freeze it (param.requires_grad_(False)) or remove it from the model",
+    ),
+    (
         r"not a (registered )?pytree|is not a supported output|Unsupported output type",
         "the model returns a value that is not a tensor (or a nest of tensors)",
         "return tensors only (tuples, lists and dicts of tensors are fine)",

@@ -13,7 +13,6 @@ import re
 
 import torch
 import torch.fx
-from torch._decomp import core_aten_decompositions
 from torch.fx.experimental.proxy_tensor import make_fx
 
 from ..errors import CaptureError
@@ -22,6 +21,7 @@ from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signatu
 from ..ir.source import SourceLoc
 from ..optim import Optimizer
 from .build import tensor_meta
+from .decompositions import decompositions
 
 STEP_TARGET = "optimizer.step"
 
@@ -87,9 +87,13 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
             new_states.extend(s[k] for k in names)
         return (*new_params, *new_states, step + 1)
 
-    examples = [program.weights[g.target] for g in grads] * 2
-    examples += [weights[s.target] for s in new_inputs[1:]] + [weights[STEP_TARGET]]
-    traced = make_fx(update, decomposition_table=core_aten_decompositions(), tracing_mode="fake")(
+    # Distinct tensor objects for every input: make_fx keys proxies by tensor identity, so a
+    # tensor passed twice would trace as one input.
+    examples = [torch.empty_like(program.weights[g.target]) for g in grads]
+    examples += [torch.empty_like(program.weights[g.target]) for g in grads]
+    examples += [torch.empty_like(weights[s.target]) for s in new_inputs[1:]]
+    examples += [torch.empty_like(weights[STEP_TARGET])]
+    traced = make_fx(update, decomposition_table=decompositions(python_only=True), tracing_mode="fake")(
         *examples
     )
     if any(node.op == "get_attr" for node in traced.graph.nodes):

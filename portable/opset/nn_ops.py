@@ -1,17 +1,17 @@
 """`portable::` neural-network ops that must not be decomposed: attention and the norms.
 
 Each op has a real CPU kernel (the reference semantics), a fake kernel (shape/dtype only) and an
-autograd formula, so training-step capture records their backward. Attention's backward is its
-own op (`attention_backward`) so backends can lower it without materialising what the forward
-did not; the norms' backward is written in core ATen ops.
+autograd formula, so training-step capture records their backward. Attention and rms_norm have
+backward ops of their own (`attention_backward` recomputes the probabilities, so backends need
+not keep what the forward did not); their CPU kernels are eager PyTorch autograd, so the `cpu`
+backend matches an eager training loop. layer_norm's backward is ATen's own
+`native_layer_norm_backward`.
 
 The CPU kernels call the same PyTorch functions eager code calls (`scaled_dot_product_attention`,
 `layer_norm`, `rms_norm`), so a captured program is bit-identical to eager on the `cpu` backend.
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,10 @@ define(
     "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)"
 )
 define("rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor")
+define(
+    "rms_norm_backward(Tensor grad, Tensor x, SymInt[] normalized_shape, Tensor? weight=None, "
+    "float? eps=None) -> (Tensor, Tensor)"
+)
 define(
     "layer_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, Tensor? bias=None, "
     "float eps=1e-05) -> Tensor"
@@ -83,9 +87,13 @@ def attention_reference(q, k, v, mask=None, is_causal=False, scale=None):
     )
 
 
+# Kernels return contiguous tensors and fake kernels say so: a graph traced against one layout
+# may `view` a result, which only works if the real kernel produced that layout.
+
+
 @torch.library.register_kernel("portable::attention", "cpu")
 def _attention_cpu(q, k, v, mask=None, is_causal=False, scale=None):
-    return attention_reference(q, k, v, mask, is_causal, scale)
+    return attention_reference(q, k, v, mask, is_causal, scale).contiguous()
 
 
 @torch.library.register_fake("portable::attention")
@@ -93,33 +101,26 @@ def _attention_fake(q, k, v, mask=None, is_causal=False, scale=None):
     return q.new_empty((*q.shape[:-1], v.shape[-1]))
 
 
+def _eager_grads(fn, inputs, grad):
+    """Gradients of fn(*inputs) by eager autograd: the reference backward is PyTorch's own."""
+    with torch.enable_grad():
+        leaves = [t.detach().requires_grad_() for t in inputs]
+        out = fn(*leaves)
+        grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
+    return [torch.zeros_like(t) if g is None else g.contiguous() for t, g in zip(inputs, grads, strict=True)]
+
+
 @torch.library.register_kernel("portable::attention_backward", "cpu")
 def _attention_backward_cpu(grad, q, k, v, mask=None, is_causal=False, scale=None):
-    """Math backward: P = softmax(S), dV = P^T dO, dS = P * (dO V^T - rowsum(dO * O)),
-    dQ = s dS K, dK = s dS^T Q; grouped heads summed back onto their kv head."""
-    s = scale if scale is not None else 1.0 / math.sqrt(q.shape[-1])
-    kk, vv = _expand_kv(q, k), _expand_kv(q, v)
-    scores = (q @ kk.transpose(-2, -1)) * s
-    additive = attention_scores_mask(mask, is_causal, q.shape[-2], k.shape[-2], q.dtype, q.device)
-    if additive is not None:
-        scores = scores + additive
-    p = torch.softmax(scores, dim=-1)
-    out = p @ vv
-    dv = p.transpose(-2, -1) @ grad
-    dp = grad @ vv.transpose(-2, -1)
-    ds = p * (dp - (grad * out).sum(-1, keepdim=True))
-    dq = (ds @ kk) * s
-    dk = (ds.transpose(-2, -1) @ q) * s
-    group = q.shape[-3] // k.shape[-3]
-    if group > 1:
-        dk = dk.unflatten(-3, (k.shape[-3], group)).sum(-3)
-        dv = dv.unflatten(-3, (k.shape[-3], group)).sum(-3)
-    return dq, dk, dv
+    """(dq, dk, dv) of attention_reference, by eager autograd (grouped kv heads sum back)."""
+    return tuple(
+        _eager_grads(lambda q, k, v: attention_reference(q, k, v, mask, is_causal, scale), (q, k, v), grad)
+    )
 
 
 @torch.library.register_fake("portable::attention_backward")
 def _attention_backward_fake(grad, q, k, v, mask=None, is_causal=False, scale=None):
-    return torch.empty_like(q), torch.empty_like(k), torch.empty_like(v)
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
 def _attention_setup(ctx, inputs, output):
@@ -148,22 +149,22 @@ def _norm_dims(x: torch.Tensor, normalized_shape) -> list[int]:
 
 @torch.library.register_kernel("portable::rms_norm", "cpu")
 def _rms_norm_cpu(x, normalized_shape, weight=None, eps=None):
-    return torch.rms_norm(x, normalized_shape, weight, eps)
+    return torch.rms_norm(x, normalized_shape, weight, eps).contiguous()
 
 
 @torch.library.register_kernel("portable::layer_norm", "cpu")
 def _layer_norm_cpu(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    return torch.layer_norm(x, normalized_shape, weight, bias, eps)
+    return torch.layer_norm(x, normalized_shape, weight, bias, eps).contiguous()
 
 
 @torch.library.register_fake("portable::rms_norm")
 def _rms_norm_fake(x, normalized_shape, weight=None, eps=None):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 @torch.library.register_fake("portable::layer_norm")
 def _layer_norm_fake(x, normalized_shape, weight=None, bias=None, eps=1e-5):
-    return torch.empty_like(x)
+    return x.new_empty(x.shape)
 
 
 def _rms_norm_setup(ctx, inputs, output):
@@ -174,20 +175,24 @@ def _rms_norm_setup(ctx, inputs, output):
 
 
 def _rms_norm_grad(ctx, grad):
-    # y = x * r * w with r = rsqrt(mean(x^2) + eps) over the normalized dims (n elements):
-    # dx = r * (g*w) - x * r^3 * mean(g*w*x);  dw = sum over leading dims of g * x * r.
     x, weight = ctx.saved_tensors
-    dims = _norm_dims(x, ctx.normalized_shape)
-    eps = ctx.eps if ctx.eps is not None else torch.finfo(x.dtype).eps
-    xf = x.float()
-    r = torch.rsqrt(xf.pow(2).mean(dims, keepdim=True) + eps)
-    gw = grad.float() if weight is None else grad.float() * weight.float()
-    dx = r * gw - xf * r.pow(3) * (gw * xf).mean(dims, keepdim=True)
-    dw = None
-    if weight is not None:
-        lead = list(range(x.dim() - len(ctx.normalized_shape)))
-        dw = (grad.float() * (xf * r).to(x.dtype).float()).sum(lead).to(weight.dtype)
-    return dx.to(x.dtype), None, dw, None
+    dx, dw = torch.ops.portable.rms_norm_backward(grad, x, ctx.normalized_shape, weight, ctx.eps)
+    return dx, None, (dw if weight is not None else None), None
+
+
+@torch.library.register_kernel("portable::rms_norm_backward", "cpu")
+def _rms_norm_backward_cpu(grad, x, normalized_shape, weight=None, eps=None):
+    """(dx, dweight) of rms_norm by eager autograd; dweight is zeros when there is no weight."""
+    if weight is None:
+        (dx,) = _eager_grads(lambda x: torch.rms_norm(x, normalized_shape, None, eps), (x,), grad)
+        return dx, x.new_zeros(normalized_shape)
+    dx, dw = _eager_grads(lambda x, w: torch.rms_norm(x, normalized_shape, w, eps), (x, weight), grad)
+    return dx, dw
+
+
+@torch.library.register_fake("portable::rms_norm_backward")
+def _rms_norm_backward_fake(grad, x, normalized_shape, weight=None, eps=None):
+    return x.new_empty(x.shape), x.new_empty(list(normalized_shape))
 
 
 torch.library.register_autograd("portable::rms_norm", _rms_norm_grad, setup_context=_rms_norm_setup)

@@ -1,0 +1,25 @@
+"""Backends: lower a portable Program for a target and run it.
+
+Built-ins are registered by name and imported lazily; third-party backends register through the
+`portable.backends` entry-point group (the entry point names a `Backend` subclass).
+"""
+
+from __future__ import annotations
+
+from portable.registry import Registry
+
+from .base import Backend, Capabilities, Compiled, Lowered, Target
+
+__all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Target", "get_backend", "registry"]
+
+registry: Registry[type[Backend]] = Registry(
+    "backend",
+    "portable.backends",
+    {"cpu": "portable.backends.cpu:CpuBackend"},
+)
+
+
+def get_backend(name: str) -> Backend:
+    """An instance of the backend registered as `name` (RegistryError if unknown)."""
+    cls = registry.get(name)
+    return cls()

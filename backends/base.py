@@ -1,0 +1,124 @@
+"""The backend protocol: three stages, capabilities as data.
+
+    lower(program, target) -> Lowered        inspectable text / protos, no execution
+    compile(lowered, out_dir) -> Compiled    writes artifacts under out_dir (if given)
+    executable(compiled) -> Executable       runs here, or BackendError naming where it can run
+
+A backend declares what it supports in `Capabilities`; tests check the claims against what really
+runs. Heavy imports (jax, triton, onnx) happen inside the backend's methods, never at import time.
+"""
+
+from __future__ import annotations
+
+import abc
+import dataclasses
+from pathlib import Path
+from typing import Any
+
+from portable.errors import BackendError, LoweringError
+from portable.ir.program import Program, ProgramKind
+from portable.ir.source import source_of
+from portable.opset import lookup, op_name
+from portable.runtime import Executable
+
+__all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Target"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """`backend[:variant]`, e.g. `cpu`, `neuron:trn3`, `cuda:sm_100`."""
+
+    backend: str
+    variant: str | None = None
+
+    @staticmethod
+    def parse(text: str) -> Target:
+        backend, _, variant = text.partition(":")
+        return Target(backend.strip(), variant.strip() or None)
+
+    def __str__(self) -> str:
+        return f"{self.backend}:{self.variant}" if self.variant else self.backend
+
+
+@dataclasses.dataclass(frozen=True)
+class Capabilities:
+    ops: frozenset[str] | None  # opset names it lowers; None means every op in the opset
+    program_kinds: frozenset[ProgramKind]
+    variants: tuple[str, ...] = ()  # accepted target variants; empty means none
+    writes_artifacts: bool = True
+
+    def supports_op(self, name: str) -> bool:
+        return self.ops is None or name in self.ops
+
+
+@dataclasses.dataclass
+class Lowered:
+    program: Program
+    target: Target
+    texts: dict[str, str] = dataclasses.field(default_factory=dict)  # artifact name -> text
+    payload: Any = None  # backend-private lowered form
+
+
+@dataclasses.dataclass
+class Compiled:
+    lowered: Lowered
+    files: list[Path] = dataclasses.field(default_factory=list)  # artifacts written
+    payload: Any = None
+
+
+class Backend(abc.ABC):
+    name: str = ""
+
+    @abc.abstractmethod
+    def capabilities(self) -> Capabilities: ...
+
+    def can_execute_here(self) -> tuple[bool, str]:
+        """(True, "") or (False, why) for this machine."""
+        return True, ""
+
+    @abc.abstractmethod
+    def lower(self, program: Program, target: Target) -> Lowered: ...
+
+    @abc.abstractmethod
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled: ...
+
+    @abc.abstractmethod
+    def executable(self, compiled: Compiled) -> Executable: ...
+
+    # shared checks --------------------------------------------------------------------------
+
+    def check_program(self, program: Program, target: Target) -> None:
+        """Refuse program kinds, target variants and ops this backend does not support."""
+        caps = self.capabilities()
+        if program.kind not in caps.program_kinds:
+            raise BackendError(
+                f"backend {self.name} does not take {program.kind.value} programs",
+                fix=f"it takes: {', '.join(sorted(k.value for k in caps.program_kinds))}",
+            )
+        if target.variant is not None and target.variant not in caps.variants:
+            raise BackendError(
+                f"unknown target {target}",
+                fix=f"variants of {self.name}: {', '.join(caps.variants) or '(none)'}",
+            )
+        for node in program.graph.nodes:
+            if node.op != "call_function" or lookup(node.target) is None:
+                continue
+            name = op_name(node.target)
+            if not caps.supports_op(name):
+                src = source_of(node)
+                raise LoweringError(
+                    f"backend {self.name} has no rule for {name}",
+                    backend=self.name,
+                    op=name,
+                    module=src.module if src else None,
+                    source=src.location() if src else None,
+                    fix="supported here: "
+                    + _alternatives(name, caps.ops or frozenset())
+                    + "; or run this program on another backend (`portable backends`)",
+                )
+
+
+def _alternatives(name: str, ops: frozenset[str]) -> str:
+    stem = name.split(".")[1]
+    close = sorted(o for o in ops if o.split(".")[1].startswith(stem[:4]))
+    return ", ".join(close[:8]) or f"{len(ops)} ops (see `portable backends --json`)"

@@ -1,0 +1,52 @@
+"""`cpu`: the reference backend. Executes the program's graph with eager PyTorch.
+
+Every other backend is compared against it. Lowering is the identity on the graph; compiling
+writes the program's stable text form. Every opset op with a CPU kernel is supported.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import torch
+
+from portable.ir.program import Program, ProgramKind
+from portable.opset import opset_table
+from portable.runtime import Executable
+
+from .base import Backend, Capabilities, Compiled, Lowered, Target
+
+# Ops whose CPU kernels arrive with their own issue (MX quantization semantics).
+_WITHOUT_CPU_KERNEL = frozenset({"portable.mx_quantize.default", "portable.mx_dequantize.default"})
+
+
+class CpuBackend(Backend):
+    name = "cpu"
+
+    def capabilities(self) -> Capabilities:
+        ops = frozenset(opset_table()) - _WITHOUT_CPU_KERNEL
+        return Capabilities(ops=ops, program_kinds=frozenset(ProgramKind))
+
+    def lower(self, program: Program, target: Target) -> Lowered:
+        self.check_program(program, target)
+        return Lowered(program, target, texts={"graph.txt": program.text()})
+
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        files = []
+        if out_dir is not None:
+            for name, text in lowered.texts.items():
+                path = out_dir / name
+                path.write_text(text)
+                files.append(path)
+        return Compiled(lowered, files)
+
+    def executable(self, compiled: Compiled) -> Executable:
+        program = compiled.lowered.program
+        gm = copy.deepcopy(program.graph_module)
+
+        def run(flat):
+            with torch.no_grad():
+                return gm(*flat)
+
+        return Executable(program, run, self.name)

@@ -1,0 +1,65 @@
+"""portable: capture a PyTorch model once; lower it to Trainium, NVIDIA GPUs, XLA, ONNX and CPU.
+
+    program = portable.capture(model, (x,))               # inference
+    step = portable.capture(model, batch, loss_fn=..., optimizer=portable.optim.AdamW(lr=1e-3))
+    run = portable.compile(program, backend="cpu")
+    program.save("model.portable"); portable.load("model.portable")
+"""
+
+from __future__ import annotations
+
+from . import optim
+from .api import compile, lower
+from .archive import load
+from .capture import ModelSpec, capture, capture_spec, portable, spec_of
+from .errors import (
+    ArchiveError,
+    BackendError,
+    CaptureError,
+    InputError,
+    LoweringError,
+    PassError,
+    PlanError,
+    PortableError,
+    RegistryError,
+    VerifyError,
+)
+from .ir.plan import Mesh, PartitionSpec, Plan
+from .ir.program import Program, ProgramKind
+from .ir.signature import InputKind, OutputKind
+from .runtime import Executable, StepResult
+from .verify import verify
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "ArchiveError",
+    "BackendError",
+    "CaptureError",
+    "Executable",
+    "InputError",
+    "InputKind",
+    "LoweringError",
+    "Mesh",
+    "ModelSpec",
+    "OutputKind",
+    "PartitionSpec",
+    "PassError",
+    "Plan",
+    "PlanError",
+    "PortableError",
+    "Program",
+    "ProgramKind",
+    "RegistryError",
+    "StepResult",
+    "VerifyError",
+    "capture",
+    "capture_spec",
+    "compile",
+    "load",
+    "lower",
+    "optim",
+    "portable",
+    "spec_of",
+    "verify",
+]

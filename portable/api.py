@@ -1,0 +1,40 @@
+"""Top-level entry points that tie capture, passes and backends together."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from .errors import BackendError
+from .ir.program import Program
+from .runtime import Executable
+
+
+def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001 (mirrors torch.compile)
+    """Lower, compile and load `program` on `backend` (`"cpu"`, `"xla"`, `"cuda:sm_90"`, ...).
+
+    Returns a callable `Executable`; raises BackendError when the backend cannot run here."""
+    from .backends import Target, get_backend
+
+    target = Target.parse(backend)
+    impl = get_backend(target.backend)
+    ok, why = impl.can_execute_here()
+    if not ok:
+        from .backends import registry
+
+        runnable = [n for n in registry.names() if get_backend(n).can_execute_here()[0]]
+        raise BackendError(
+            f"backend {target.backend} cannot run on this machine: {why}",
+            fix=f"backends that run here: {', '.join(runnable)}; "
+            f"`portable lower --target {target}` still writes its artifacts",
+        )
+    return impl.executable(impl.compile(impl.lower(program, target)))
+
+
+def lower(program: Program, target: str, out_dir: str | Path | None = None):
+    """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`."""
+    from .backends import Target, get_backend
+
+    t = Target.parse(target)
+    impl = get_backend(t.backend)
+    lowered = impl.lower(program, t)
+    return impl.compile(lowered, Path(out_dir) if out_dir is not None else None)

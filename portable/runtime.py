@@ -1,0 +1,103 @@
+"""`Executable`: what `portable.compile` returns, the same for every backend.
+
+A backend supplies one function over flat tensors (the graph's inputs in signature order -> its
+outputs in signature order). The executable owns what is common: checking user inputs against the
+signature, holding the program state (weights, optimizer state), threading updated state from one
+training step to the next, and shaping results.
+
+- inference: `exe(*inputs)` returns the output tensor, or a tuple when there are several.
+- training step: `exe(*batch)` performs one step and returns `StepResult(loss, state)`; the
+  executable keeps the new state for the next call (`exe.state`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable, Sequence
+
+import torch
+
+from .errors import InputError
+from .ir.program import Program, ProgramKind
+from .ir.signature import InputKind, OutputKind, TensorSpec
+
+__all__ = ["Executable", "StepResult"]
+
+FlatFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
+
+
+@dataclasses.dataclass(frozen=True)
+class StepResult:
+    loss: torch.Tensor
+    state: dict[str, torch.Tensor]  # weight key (e.g. "fc1.weight", "optimizer.step") -> value
+
+
+class Executable:
+    def __init__(self, program: Program, fn: FlatFn, backend: str) -> None:
+        self.program = program
+        self.backend = backend
+        self._fn = fn
+        sig = program.signature
+        self._state_specs = sig.state_inputs
+        # weight key -> current value; updated in place of the dict by training steps
+        self.state: dict[str, torch.Tensor] = {s.target: program.weights[s.target] for s in self._state_specs}
+        self._order = [(i.kind, i) for i in sig.inputs]
+
+    @property
+    def kind(self) -> ProgramKind:
+        return self.program.kind
+
+    def __call__(self, *inputs: torch.Tensor):
+        flat = self._flatten(inputs)
+        outputs = list(self._fn(flat))
+        sig = self.program.signature
+        if self.kind is ProgramKind.TRAINING_STEP:
+            loss = None
+            new_state = dict(self.state)
+            for spec, value in zip(sig.outputs, outputs, strict=True):
+                if spec.kind is OutputKind.LOSS:
+                    loss = value
+                elif spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE):
+                    new_state[spec.target] = value
+            self.state = new_state
+            return StepResult(loss, dict(new_state))
+        user = [v for s, v in zip(sig.outputs, outputs, strict=True) if s.kind is OutputKind.OUTPUT]
+        return user[0] if len(user) == 1 else tuple(user)
+
+    def _flatten(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        users = self.program.signature.user_inputs
+        if len(inputs) != len(users):
+            names = ", ".join(f"{u.name}: {u.spec}" for u in users)
+            raise InputError(
+                f"{self.program.name} takes {len(users)} input(s), got {len(inputs)}",
+                fix=f"call it with ({names})",
+            )
+        it = iter(inputs)
+        flat = []
+        for kind, spec in self._order:
+            if kind is InputKind.USER_INPUT:
+                value = next(it)
+                _check_input(self.program.name, spec.name, spec.spec, value)
+                flat.append(value)
+            else:
+                flat.append(self.state[spec.target])
+        return flat
+
+
+def _check_input(program: str, name: str, spec: TensorSpec, value) -> None:
+    if not isinstance(value, torch.Tensor):
+        raise InputError(
+            f"input `{name}` of {program} must be a tensor, got {type(value).__name__}",
+            fix=f"pass a {spec} tensor",
+        )
+    got = TensorSpec.of(value)
+    shape_ok = len(got.shape) == len(spec.shape) and all(
+        isinstance(want, str) or want == have for want, have in zip(spec.shape, got.shape, strict=True)
+    )
+    if got.dtype != spec.dtype or not shape_ok:
+        what = "dtype" if shape_ok else "shape"
+        raise InputError(
+            f"input `{name}` of {program} has the wrong {what}: expected {spec}, got {got}",
+            fix=f"pass a {spec} tensor, or re-capture the program with inputs of this shape/dtype "
+            "(or declare the dim dynamic with dynamic_shapes=...)",
+        )

@@ -112,6 +112,7 @@ class PassError(PortableError):
     def __init__(self, what: str, *, pass_name: str, history: tuple[str, ...] = (), **kw) -> None:
         self.pass_name = pass_name
         self.history = tuple(history)
-        if history and "details" not in kw:
-            kw["details"] = "after passes: " + ", ".join(history)
+        if history:
+            applied = "after passes: " + ", ".join(history)
+            kw["details"] = f"{kw['details']}\n{applied}" if kw.get("details") else applied
         super().__init__(what, **kw)

@@ -24,6 +24,21 @@ from .opset import lookup, op_name
 
 __all__ = ["verify"]
 
+_NOT_IN_OPSET = (
+    "rewrite that line with supported ops (`portable ops` lists them), or ask for the op to be "
+    "added to the opset"
+)
+_RANDOM = "random ops cannot be compared across backends: set dropout p=0 (or model.eval()) for capture"
+_HINTS = {
+    "aten.native_dropout.default": _RANDOM,
+    "aten.bernoulli.p": _RANDOM,
+    "aten.bernoulli.default": _RANDOM,
+    "aten.rand.default": _RANDOM,
+    "aten.randn.default": _RANDOM,
+    "aten.nonzero.default": "nonzero has a value-dependent shape: use a mask with torch.where",
+    "aten._local_scalar_dense.default": "avoid .item() / float(tensor) in forward: keep values as tensors",
+}
+
 _PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
 
 
@@ -99,12 +114,8 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
         if node.op != "call_function":
             continue
         if node.target is not operator.getitem and lookup(node.target) is None:
-            _fail(
-                f"op {op_name(node.target)} is not in the portable opset",
-                node,
-                fix="rewrite the model code with supported ops (`portable ops` lists them), "
-                "or ask for the op to be added to the opset",
-            )
+            name = op_name(node.target)
+            _fail(f"op {name} is not in the portable opset", node, fix=_HINTS.get(name, _NOT_IN_OPSET))
         for value in (*node.args, *node.kwargs.values()):
             _check_arg(node, value)
         if "tensor" not in node.meta:

@@ -24,12 +24,13 @@ from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
 from ..ir.source import from_fx_meta
 from ..optim import as_optimizer
-from .build import to_program
+from .build import annotate, to_program
 from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file
 from .portable_ops import rewrite_to_portable_ops
 from .recompose import recompose
+from .sources import restore_sources
 from .training import add_optimizer
 
 __all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
@@ -200,6 +201,9 @@ def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, option
     ep, tied = _untie(ep, _WRAPPER_PREFIX)
     _portable_ops(ep, _WRAPPER_PREFIX)
     try:
+        # The forward alone, decomposed the same way: its nodes keep the user's source lines.
+        forward = ep.run_decompositions(decompositions(python_only=False)).graph_module
+        annotate(forward, _WRAPPER_PREFIX)
         # The joint-graph path of torch.export (what torch.export.experimental's
         # _export_forward_backward does), with core ATen decompositions.
         ep = _decompose_exported_program(
@@ -211,7 +215,9 @@ def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, option
         )
     except Exception as exc:
         raise diagnose(exc, phase="building the backward graph") from exc
+    _normalize(forward)
     _normalize(ep.graph_module)
+    restore_sources(ep.graph_module.graph, forward.graph)
     recompose(ep.graph_module)
     program = to_program(
         ep, ProgramKind.TRAINING_STEP, name=name, strip_prefix=_WRAPPER_PREFIX, options=options
@@ -256,6 +262,13 @@ def _normalize(gm: torch.fx.GraphModule) -> None:
 
 
 def _verify(program: Program) -> None:
+    """Verify the captured program; what the model did that the opset refuses is a CaptureError."""
+    from ..errors import VerifyError
     from ..verify import verify
 
-    verify(program)
+    try:
+        verify(program)
+    except VerifyError as exc:
+        raise CaptureError(
+            exc.what, op=exc.op, module=exc.module, source=exc.source, fix=exc.fix, details=exc.details
+        ) from exc

@@ -95,7 +95,7 @@ def to_program(
             )
         inputs.append(InputSpec(node.name, _INPUT_KINDS[spec.kind], node.meta["tensor"], target))
         if target is not None:
-            weights[target] = state[spec.target].detach()
+            weights[target] = state[spec.target].detach().clone()  # a snapshot, not the live model
 
     by_target = {i.target: i.name for i in inputs if i.target}
     out_node = gm.graph.output_node()

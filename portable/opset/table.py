@@ -154,7 +154,7 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.argmax.default", NUMERIC, "reduce", "index of the max over one dim"),
     _e("aten.var.correction", FLOAT, "reduce", "variance over dims with a correction"),
     _e("aten.topk.default", NUMERIC, "tuple", "(values, indices) of the k largest along dim"),
-    _e("aten.cumsum.default", NUMERIC, "same", "inclusive prefix sum along dim"),
+    _e("aten.cumsum.default", ANY, "same", "inclusive prefix sum along dim"),
     # softmax family
     _e("aten._softmax.default", FLOAT, "same", "exp(x - max) / sum(exp(x - max)) along dim"),
     _e("aten._log_softmax.default", FLOAT, "same", "x - max - log(sum(exp(x - max))) along dim"),

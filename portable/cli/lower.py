@@ -1,0 +1,228 @@
+"""`portable lower SPEC --target T ... --out DIR`: capture (or load), apply passes, save, lower.
+
+Stages: capture/load -> passes -> save `DIR/program.portable` -> lower each target into
+`DIR/<target with ':' -> '_'>/` -> optional parity against cpu -> `DIR/manifest.json`. Everything is
+written into a temporary directory beside DIR and renamed into place at the end (output.py), so a
+failure at any stage leaves DIR as it was. Targets and passes are checked before capture starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from .. import __version__
+from ..api import lower as lower_program
+from ..backends import Target, get_backend, registry
+from ..ir.program import Program
+from .exit_codes import EPILOG, ExitCode
+from .load_spec import Source, resolve
+from .manifest import FORMAT, FORMAT_VERSION, file_records, toolchain, write_manifest
+from .output import check_destination, staging
+from .parity import ParityOutcome, run_parity
+from .progress import Progress
+from .table import format_bytes
+
+if TYPE_CHECKING:
+    from ..passes import Pass
+
+__all__ = ["ARCHIVE", "add_parser", "run", "target_dir"]
+
+ARCHIVE = "program.portable"
+
+
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "lower",
+        parents=parents,
+        help="capture a model (or load an archive), apply passes and lower it for targets",
+        description="Capture SPEC (or load an archive), apply passes, save DIR/program.portable, "
+        "lower it for each target into DIR/<target>/ and write DIR/manifest.json. DIR appears "
+        "complete or not at all; foreign content is never overwritten.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument(
+        "spec", metavar="SPEC", help="file.py:Name, pkg.module:Name, or an archive directory"
+    )
+    p.add_argument(
+        "--target",
+        "-t",
+        action="append",
+        required=True,
+        metavar="T",
+        help="backend[:variant], repeatable; `all` = every registered backend",
+    )
+    p.add_argument(
+        "--pass",
+        "-p",
+        dest="passes",
+        action="append",
+        default=[],
+        metavar="P",
+        help="pass or comma pipeline (`dce,canonicalize{k=v}`), repeatable, applied in order",
+    )
+    p.add_argument("--out", "-o", required=True, type=Path, metavar="DIR", help="output directory")
+    p.add_argument(
+        "--train", action="store_true", help="capture the training step (default: inference)"
+    )
+    p.add_argument(
+        "--parity",
+        action="store_true",
+        help="compare the targets that run here against cpu on the example inputs",
+    )
+    p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance")
+    p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance")
+    p.add_argument(
+        "--force", action="store_true", help="replace an earlier `portable lower` output in DIR"
+    )
+    p.add_argument(
+        "--json", action="store_true", help="print one JSON document (status + manifest) to stdout"
+    )
+    p.add_argument("--quiet", "-q", action="store_true", help="no stage lines on stderr")
+    p.set_defaults(run=run)
+
+
+def target_dir(target: Target) -> str:
+    """The folder name of a target's artifacts: `cuda:sm_90` -> `cuda_sm_90` (every character
+    other than letters, digits, `.`, `_` and `-` becomes `_`, so a target never names a path)."""
+    return re.sub(r"[^A-Za-z0-9._-]", "_", str(target))
+
+
+def run(args: argparse.Namespace) -> int:
+    targets = parse_targets(args.target)
+    passes = _parse_passes(args.passes)
+    check_destination(args.out, force=args.force)  # fail before a long capture, again at commit
+    source = resolve(args.spec)
+    total = 2 + bool(passes) + len(targets) + bool(args.parity)
+    progress = Progress(total, enabled=not (args.quiet or args.json))
+    with staging(args.out, force=args.force) as tmp:
+        verb = "loading" if source.archive is not None else "capturing"
+        with progress.stage("capture" if source.spec else "load", f"{verb} {source.name}"):
+            program = source.program(training=args.train)
+        applied: list[dict[str, Any]] = []
+        if passes:
+            program, applied = _apply_passes(program, passes, progress)
+        with progress.stage("save", f"saving {ARCHIVE}"):
+            program.save(tmp / ARCHIVE)
+        lowered = [_lower_one(program, t, tmp, progress) for t in targets]
+        parity = None
+        if args.parity:
+            with progress.stage("parity", "checking parity against cpu"):
+                parity = run_parity(program, source, targets, rtol=args.rtol, atol=args.atol)
+        manifest = _manifest(args, source, program, tmp, applied, lowered, parity, progress)
+        write_manifest(tmp, manifest)
+    code = ExitCode.OK if parity is None or parity.ok else ExitCode.PARITY_MISMATCH
+    _print_result(args, manifest, parity, code)
+    return code
+
+
+def parse_targets(texts: list[str]) -> list[Target]:
+    """Expand `all`, parse, drop repeats (first wins), and check each backend is registered."""
+    names = [n for text in texts for n in (registry.names() if text.strip() == "all" else [text])]
+    targets = list(dict.fromkeys(Target.parse(n) for n in names))
+    for target in targets:
+        get_backend(target.backend)  # RegistryError listing the registered backends
+    return targets
+
+
+def _parse_passes(texts: list[str]) -> list[Pass]:
+    if not texts:
+        return []
+    from ..passes import parse_pipeline
+
+    return [p for text in texts for p in parse_pipeline(text)]
+
+
+def _apply_passes(
+    program: Program, passes: list[Pass], progress: Progress
+) -> tuple[Program, list[dict[str, Any]]]:
+    from ..passes import PassManager
+
+    with progress.stage("passes", f"applying {len(passes)} pass(es)"):
+        program, reports = PassManager(passes).run(program)
+    progress.note("\n".join(r.summary() for r in reports))
+    applied = [{"spec": p.spec(), **r.to_json()} for p, r in zip(passes, reports, strict=True)]
+    return program, applied
+
+
+def _lower_one(program: Program, target: Target, root: Path, progress: Progress) -> dict[str, Any]:
+    folder = root / target_dir(target)
+    folder.mkdir()
+    with progress.stage(f"lower:{target}", f"lowering for {target}"):
+        lower_program(program, str(target), folder)
+    ok, why = get_backend(target.backend).can_execute_here()
+    return {
+        "target": str(target),
+        "dir": folder.name,
+        "can_execute_here": ok,
+        "reason": why or None,
+        "files": file_records(root, folder),
+    }
+
+
+def _manifest(
+    args: argparse.Namespace,
+    source: Source,
+    program: Program,
+    root: Path,
+    applied: list[dict[str, Any]],
+    lowered: list[dict[str, Any]],
+    parity: ParityOutcome | None,
+    progress: Progress,
+) -> dict[str, Any]:
+    return {
+        "format": FORMAT,
+        "format_version": FORMAT_VERSION,
+        "tool": {"name": "portable", "version": __version__},
+        "toolchain": toolchain(),
+        "created": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+        "command": ["portable", *args.argv],
+        "source": {
+            "spec": source.text,
+            "kind": "archive" if source.archive is not None else "spec",
+        },
+        "program": {
+            "name": program.name,
+            "kind": program.kind.value,
+            "content_hash": program.content_hash,
+            "opset_version": program.opset_version,
+            "archive": ARCHIVE,
+            "files": file_records(root, root / ARCHIVE),
+        },
+        "passes": applied,
+        "targets": lowered,
+        "timings": dict(progress.timings),
+        "parity": parity.record if parity is not None else None,
+    }
+
+
+def _print_result(
+    args: argparse.Namespace, manifest: dict[str, Any], parity: ParityOutcome | None, code: int
+) -> None:
+    if args.json:
+        status = "ok" if code == ExitCode.OK else "parity_mismatch"
+        doc = {
+            "status": status,
+            "exit_code": int(code),
+            "out_dir": str(args.out),
+            "manifest": manifest,
+        }
+        print(json.dumps(doc, indent=2))
+        return
+    prog = manifest["program"]
+    print(
+        f"wrote {args.out}: {prog['name']} ({prog['kind']}, opset {prog['opset_version']}, "
+        f"hash {prog['content_hash'][:16]})"
+    )
+    for name, files in [(ARCHIVE, prog["files"])] + [
+        (t["dir"] + "/", t["files"]) for t in manifest["targets"]
+    ]:
+        size = sum(f["size"] for f in files)
+        print(f"  {name:<20} {len(files)} file(s), {format_bytes(size)}")
+    if parity is not None:
+        print(parity.text, end="")

@@ -1,0 +1,82 @@
+"""`portable` entry point: the argument parser and the one place errors become exit codes.
+
+`main(argv) -> int` never raises for a failed command: usage errors return 2 (argparse prints
+the usage); a PortableError or OSError prints `error: <message>` to stderr and returns its
+ExitCode (exit_codes.py), with the traceback only under `--debug`; anything else is a bug: the
+traceback is printed and 70 returned. With `--json`, a failure also prints
+`{"status": "error", "exit_code": N, "error": {"type": ..., "message": ...}}` to stdout.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import traceback
+
+from .. import __version__
+from ..errors import PortableError
+from . import inspection, listing, lower
+from .exit_codes import EPILOG, ExitCode, exit_code_for
+
+__all__ = ["build_parser", "main"]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # `--debug` is accepted before or after the command; SUPPRESS keeps a subcommand's default
+    # from overwriting a value given before it.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument(
+        "--debug",
+        action="store_true",
+        default=argparse.SUPPRESS,
+        help="print tracebacks for errors",
+    )
+    parser = argparse.ArgumentParser(
+        prog="portable",
+        description="Capture PyTorch models into the portable IR and lower them to backends.",
+        epilog=EPILOG + "\n\nsee docs/cli.md",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"portable {__version__}")
+    parser.add_argument("--debug", action="store_true", help="print tracebacks for errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    lower.add_parser(sub, [common])
+    inspection.add_parser(sub, [common])
+    listing.add_parsers(sub, [common])
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run `portable` with `argv` (default `sys.argv[1:]`); return the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
+        return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
+    args.argv = argv
+    try:
+        return int(args.run(args))
+    except (PortableError, OSError) as exc:
+        if args.debug:
+            traceback.print_exception(exc)
+        return _fail(args, exc, exit_code_for(exc))
+    except Exception as exc:  # a bug in portable or a backend: show everything
+        traceback.print_exception(exc)
+        return _fail(args, exc, ExitCode.INTERNAL_ERROR)
+
+
+def _fail(args: argparse.Namespace, exc: Exception, code: ExitCode) -> int:
+    if isinstance(exc, PortableError | OSError):
+        message = str(exc)
+    else:
+        message = f"internal error: {type(exc).__name__}: {exc}"
+    print(f"error: {message}", file=sys.stderr)
+    if getattr(args, "json", False):
+        error = {"type": type(exc).__name__, "message": message}
+        print(json.dumps({"status": "error", "exit_code": int(code), "error": error}, indent=2))
+    return int(code)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""`lower --parity`: compare the lowered targets that run here against the `cpu` reference.
+
+Inputs are the spec's example inputs (inference, one step) or its example batch (training, three
+steps, so optimizer state is threaded). A program loaded from an archive has no examples; its
+user inputs are then made from the signature under a fixed seed (floats ~ N(0, 1), integers and
+bools zero, so indices stay in range).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from ..backends import Target, get_backend
+from ..errors import InputError
+from ..ir.program import Program, ProgramKind
+from .load_spec import Source
+
+__all__ = ["ParityOutcome", "run_parity"]
+
+TRAINING_STEPS = 3
+
+
+@dataclasses.dataclass(frozen=True)
+class ParityOutcome:
+    ok: bool  # True also when no target could run here (nothing disagreed)
+    record: dict[str, Any]  # what the manifest stores under "parity"
+    text: str  # the human-readable report
+
+
+def run_parity(
+    program: Program,
+    source: Source,
+    targets: list[Target],
+    *,
+    rtol: float | None,
+    atol: float | None,
+) -> ParityOutcome:
+    """Run `check_parity` for the targets whose backend can execute here."""
+    here, lowered_only = [], []
+    for target in targets:
+        ok, why = get_backend(target.backend).can_execute_here()
+        if ok:
+            here.append(str(target))
+        else:
+            lowered_only.append({"target": str(target), "reason": why})
+    training = program.kind is ProgramKind.TRAINING_STEP
+    steps = TRAINING_STEPS if training else 1
+    record: dict[str, Any] = {"backends": here, "lowered_only": lowered_only, "steps": steps}
+    skipped = "".join(f"{t['target']}: lowered only ({t['reason']})\n" for t in lowered_only)
+    if not here:
+        record.update(ok=None, report=None)
+        return ParityOutcome(
+            True, record, skipped + "parity: no target can run here; nothing compared\n"
+        )
+    from ..testing import check_parity
+
+    tolerances: dict[str, Any] = {
+        k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None
+    }
+    report = check_parity(
+        program, _inputs(program, source, training), backends=here, steps=steps, **tolerances
+    )
+    record.update(ok=bool(report.ok), report=report.to_json())
+    verdict = "ok" if report.ok else "MISMATCH"
+    return ParityOutcome(
+        bool(report.ok), record, f"{report.format().rstrip()}\n{skipped}parity: {verdict}\n"
+    )
+
+
+def _inputs(program: Program, source: Source, training: bool) -> tuple[Any, ...]:
+    if source.spec is not None:
+        return source.spec.batch() if training else source.spec.inputs()
+    generator = torch.Generator().manual_seed(0)
+    values = []
+    for spec in program.signature.user_inputs:
+        if not all(isinstance(d, int) for d in spec.spec.shape):
+            raise InputError(
+                f"--parity cannot make an example for input {spec.name} ({spec.spec}): its shape is symbolic",
+                fix="run --parity on the @portable SPEC, whose example inputs are recorded",
+            )
+        shape = tuple(int(d) for d in spec.spec.shape)
+        if spec.spec.dtype.is_floating_point:
+            values.append(torch.randn(shape, generator=generator).to(spec.spec.dtype))
+        else:
+            values.append(torch.zeros(shape, dtype=spec.spec.dtype))
+    return tuple(values)

@@ -1,0 +1,141 @@
+"""The parity harness: reports, mismatch detection, training steps, the pytest plugin."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+import portable
+from portable.backends import registry as backend_registry
+from portable.backends.cpu import CpuBackend
+from portable.testing import ParityReport, assert_parity, check_parity, compare
+
+
+class PerturbedBackend(CpuBackend):
+    """A test backend: the cpu reference with one output element nudged."""
+
+    name = "perturbed"
+
+    def executable(self, compiled):
+        exe = super().executable(compiled)
+        inner = exe._fn
+
+        def run(flat):
+            outs = list(inner(flat))
+            outs[0] = outs[0].clone()
+            outs[0].view(-1)[min(3, outs[0].numel() - 1)] += 1e-3
+            return outs
+
+        exe._fn = run
+        return exe
+
+
+class UnavailableBackend(CpuBackend):
+    name = "faraway"
+
+    def can_execute_here(self):
+        return False, "needs hardware this machine lacks"
+
+
+@pytest.fixture
+def test_backends(monkeypatch):
+    monkeypatch.setitem(backend_registry._specs, "perturbed", PerturbedBackend)
+    monkeypatch.setitem(backend_registry._specs, "faraway", UnavailableBackend)
+
+
+def _model():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.GELU(), torch.nn.Linear(8, 4))
+
+
+def test_compare_reports_first_mismatch_and_errors():
+    want = torch.zeros(2, 3)
+    got = want.clone()
+    got[1, 2] = 0.5
+    row = compare("b", "output 0", got, want, rtol=1e-5, atol=1e-6)
+    assert not row.ok and row.first_mismatch == (1, 2) and row.max_abs == pytest.approx(0.5)
+    same = compare("b", "output 0", want, want, rtol=0, atol=0)
+    assert same.ok and same.first_mismatch is None and same.max_abs == 0
+    nan = torch.tensor([float("nan"), 1.0])
+    assert compare("b", "x", nan, nan.clone(), 0, 0).ok  # NaN in the same place agrees
+    shape = compare("b", "x", torch.zeros(2), torch.zeros(3), 0, 0)
+    assert not shape.ok and "shape" in shape.note
+
+
+def test_cpu_against_itself_is_exact():
+    x = torch.randn(4, 8)
+    report = assert_parity(_model(), (x,), backends=["cpu"])
+    assert report.ok and report.rows and all(r.max_abs == 0 for r in report.rows)
+
+
+def test_mismatch_is_found_and_reported(test_backends):
+    x = torch.randn(4, 8)
+    report = check_parity(_model(), (x,), backends=["cpu", "perturbed"])
+    assert not report.ok
+    (row,) = report.mismatches()
+    assert row.backend == "perturbed" and row.first_mismatch == (0, 3)
+    text = report.format()
+    assert "MISMATCH" in text and "first mismatch at [0, 3]" in text
+    with pytest.raises(AssertionError, match="MISMATCH"):
+        assert_parity(_model(), (x,), backends=["perturbed"])
+
+
+def test_training_steps_compare_loss_per_step_and_state(test_backends):
+    model = _model()
+    batch = (torch.randn(4, 8), torch.randn(4, 4))
+    program = portable.capture(model, batch, loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
+                               optimizer=portable.optim.AdamW(lr=1e-2))
+    report = check_parity(program, batch, backends=["perturbed"], steps=3)
+    quantities = [r.quantity for r in report.rows]
+    assert quantities[:3] == ["loss step 1", "loss step 2", "loss step 3"]
+    assert "state 0.weight" in quantities and "state optimizer.step" in quantities
+    # the nudge lands on the loss (output 0), so step losses disagree and later state drifts
+    assert not report.ok and report.mismatches()[0].quantity == "loss step 1"
+
+
+def test_unavailable_backend_is_an_error_or_listed(test_backends):
+    x = torch.randn(4, 8)
+    with pytest.raises(portable.BackendError, match="needs hardware"):
+        check_parity(_model(), (x,), backends=["faraway"])
+    report = check_parity(_model(), (x,), backends=["faraway"], skip_unavailable=True)
+    assert report.skipped == (("faraway", "needs hardware this machine lacks"),)
+    assert "not run: needs hardware" in report.format()
+
+
+def test_report_json_roundtrips(test_backends):
+    report = check_parity(_model(), (torch.randn(4, 8),), backends=["perturbed"])
+    data = report.to_json()
+    assert data["ok"] is False and data["rows"][0]["backend"] == "perturbed"
+    assert isinstance(report, ParityReport)
+
+
+def test_decorated_model_uses_its_example_inputs():
+    @portable.portable(example_inputs=lambda: (torch.randn(2, 8),))
+    def tiny():
+        return _model()
+
+    assert assert_parity(tiny, backends=["cpu"]).ok
+
+
+PLUGIN_TEST = """
+import torch, portable
+from portable.testing import assert_parity
+
+def test_model(portable_backend):
+    model = torch.nn.Linear(4, 2)
+    assert_parity(model, (torch.randn(3, 4),), backends=[portable_backend])
+"""
+
+
+def test_pytest_plugin_parametrizes_backends(pytester):
+    pytester.makepyfile(PLUGIN_TEST)
+    result = pytester.runpytest("--portable-backends=cpu", "-v", "-p", "no:cacheprovider")
+    result.assert_outcomes(passed=1)
+    result.stdout.fnmatch_lines(["*test_model?cpu? PASSED*"])
+
+
+def test_pytest_plugin_rejects_unknown_backend(pytester):
+    pytester.makepyfile(PLUGIN_TEST)
+    result = pytester.runpytest("--portable-backends=cpu,nosuch", "-p", "no:cacheprovider")
+    assert result.ret != 0
+    result.stdout.fnmatch_lines(["*unknown backend 'nosuch'*"])

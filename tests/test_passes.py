@@ -1,0 +1,654 @@
+"""Passes: spec strings, the registry, the manager, and what `dce` and `canonicalize` do.
+
+Every pass run here goes through `PassManager(..., verify_each=True)`, so each result is also
+checked by the verifier and for not mutating its input. Semantics are checked end to end: the
+CPU backend's outputs (inference) or loss and state (training step) are bit-identical before and
+after. Golden tests print the IR (`program.text()`) and check it FileCheck-style.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib.util
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from portable.passes import (
+    Pass,
+    PassManager,
+    PassReport,
+    PassResult,
+    get_pass,
+    parse_pass,
+    parse_pipeline,
+    registry,
+)
+from portable.passes.canonicalize import PATTERNS, Canonicalize
+from portable.passes.dce import DeadCodeElimination
+
+import portable
+from portable.errors import PassError, RegistryError
+from portable.ir.signature import TensorSpec
+from portable.ir.source import SourceLoc
+from portable.registry import Registry
+
+aten = torch.ops.aten
+EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+EXAMPLES = {"mlp": "MLP", "cnn": "CNN", "gpt": "GPT", "llama": "Llama", "moe": "MoE"}
+PIPELINES = ["dce", "canonicalize", "canonicalize,dce"]
+
+
+# ---- helpers ---------------------------------------------------------------------------------
+
+
+def filecheck(text: str, checks: str) -> None:
+    """A small FileCheck: `CHECK: s` lines must appear in order (each on a later line than the
+    previous match); `CHECK-NOT: s` must not appear between the surrounding CHECK matches;
+    `CHECK-NEXT: s` must be on the line right after the previous match. `{{re}}` is a regex,
+    the rest of a pattern is literal."""
+    lines = text.splitlines()
+    pos, pending_not, last = 0, [], -1
+
+    def regex(pattern: str) -> re.Pattern:
+        parts = re.split(r"\{\{(.*?)\}\}", pattern)
+        return re.compile("".join(p if i % 2 else re.escape(p) for i, p in enumerate(parts)))
+
+    def forbid(pats: list[str], start: int, end: int) -> None:
+        for p in pats:
+            for line in lines[start:end]:
+                assert not regex(p).search(line), f"CHECK-NOT: {p!r} matched {line!r} in:\n{text}"
+
+    for raw in checks.strip().splitlines():
+        kind, _, pattern = raw.strip().partition(":")
+        pattern = pattern.strip()
+        if kind == "CHECK-NOT":
+            pending_not.append(pattern)
+            continue
+        if kind == "CHECK-NEXT":
+            assert last >= 0 and last + 1 < len(lines) and regex(pattern).search(lines[last + 1]), (
+                f"CHECK-NEXT: {pattern!r} is not on the line after {lines[last]!r} in:\n{text}"
+            )
+            forbid(pending_not, pos, last + 1)
+            pending_not, last, pos = [], last + 1, last + 2
+            continue
+        assert kind == "CHECK", f"bad check line {raw!r}"
+        found = next((i for i in range(pos, len(lines)) if regex(pattern).search(lines[i])), None)
+        assert found is not None, f"CHECK: {pattern!r} not found after line {pos} in:\n{text}"
+        forbid(pending_not, pos, found)
+        pending_not, last, pos = [], found, found + 1
+    forbid(pending_not, pos, len(lines))
+
+
+def run_passes(
+    program: portable.Program, pipeline: str
+) -> tuple[portable.Program, list[PassReport]]:
+    before = program.text()
+    out, reports = PassManager(parse_pipeline(pipeline), verify_each=True).run(program)
+    assert program.text() == before, "the input program was mutated"
+    portable.verify(out)
+    return out, reports
+
+
+def outputs(program: portable.Program, inputs: tuple) -> object:
+    return portable.compile(program, backend="cpu")(*inputs)
+
+
+def assert_identical(a: object, b: object) -> None:
+    if isinstance(a, portable.StepResult):
+        assert isinstance(b, portable.StepResult)
+        assert_identical(a.loss, b.loss)
+        assert list(a.state) == list(b.state)
+        for key in a.state:
+            assert_identical(a.state[key], b.state[key])
+    elif isinstance(a, tuple):
+        assert isinstance(b, tuple) and len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            assert_identical(x, y)
+    else:
+        assert isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)
+        assert a.dtype == b.dtype and a.shape == b.shape
+        assert torch.equal(a, b) and torch.equal(a.isnan(), b.isnan())
+        assert torch.equal(torch.signbit(a), torch.signbit(b)) if a.is_floating_point() else True
+
+
+def ops(program: portable.Program) -> list[str]:
+    return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
+
+
+def load_example(stem: str):
+    name = f"_portable_passes_example_{stem}"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, EXAMPLES_DIR / f"{stem}.py")
+        assert spec is not None and spec.loader is not None
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name]
+
+
+@functools.cache
+def example(stem: str, training: bool) -> tuple[portable.Program, tuple]:
+    spec = getattr(load_example(stem), EXAMPLES[stem]).__portable__
+    assert isinstance(spec, portable.ModelSpec)
+    program = portable.capture_spec(spec, training=training)
+    return program, (spec.batch() if training else spec.inputs())
+
+
+# ---- models ----------------------------------------------------------------------------------
+
+
+class Layout(torch.nn.Module):
+    """Identity layout changes: a view chain, a transpose pair, composed permutes, x * 1, x / 1."""
+
+    def forward(self, x):
+        y = x.view(6, 4).view(2, 12).reshape(24)
+        z = x.transpose(0, 1).transpose(0, 1)
+        w = x.permute(2, 0, 1).permute(1, 2, 0)
+        return y * 2, z * 3, w.clone() * 1, (x / 1).view(2, 3, 4), x.expand(2, 3, 4) - 1
+
+
+class Mixed(torch.nn.Module):
+    """Permutes that compose to a non-identity and rewrites that would change a dtype."""
+
+    def forward(self, x, i):
+        p = x.permute(1, 2, 0).transpose(0, 2)
+        return p * 2, i * 1.0, i / 1, i * 1, x + 0
+
+
+def layout_program() -> tuple[portable.Program, tuple]:
+    x = torch.randn(2, 3, 4)
+    x[0, 0, 0] = -0.0
+    return portable.capture(Layout(), (x,)), (x,)
+
+
+def mixed_program() -> tuple[portable.Program, tuple]:
+    inputs = (
+        torch.tensor([[[-0.0, 1.5]]]).expand(2, 3, 2).contiguous(),
+        torch.arange(6).view(2, 3),
+    )
+    return portable.capture(Mixed(), inputs), inputs
+
+
+def training_program() -> tuple[portable.Program, tuple]:
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 2))
+    batch = (torch.randn(5, 4), torch.randn(5, 2))
+    program = portable.capture(
+        model,
+        batch,
+        loss_fn=lambda m, x, y: F.mse_loss(m(x), y),
+        optimizer=portable.optim.SGD(lr=0.1, momentum=0.9),
+    )
+    return program, batch
+
+
+def add_node(program: portable.Program, target, args, *, before=None, spec=None) -> torch.fx.Node:
+    """Insert an op into `program`'s graph in place, with its meta (for hand-made cases)."""
+    graph = program.graph
+    anchor = before if before is not None else graph.output_node()
+    with graph.inserting_before(anchor):
+        node = graph.create_node("call_function", target, args, name=target.__name__.split(".")[0])
+    node.meta["tensor"] = spec if spec is not None else args[0].meta["tensor"]
+    node.meta["source"] = SourceLoc(module="handmade")
+    program.graph_module.recompile()
+    return node
+
+
+# ---- dce and canonicalize on the examples: valid IR, bit-identical results -------------------
+
+
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "train_step"])
+@pytest.mark.parametrize("stem", list(EXAMPLES))
+@pytest.mark.parametrize("pipeline", PIPELINES)
+def test_examples_keep_semantics(stem, training, pipeline):
+    program, inputs = example(stem, training)
+    out, reports = run_passes(program, pipeline)
+    assert [r.name for r in reports] == pipeline.split(",")
+    assert len(ops(out)) <= len(ops(program))
+    assert_identical(outputs(program, inputs), outputs(out, inputs))
+
+
+@pytest.mark.parametrize("make", [layout_program, mixed_program, training_program])
+def test_handwritten_models_keep_semantics(make):
+    program, inputs = make()
+    out, _ = run_passes(program, "canonicalize,dce")
+    assert_identical(outputs(program, inputs), outputs(out, inputs))
+
+
+def test_canonicalize_shrinks_the_examples():
+    """The examples contain view chains and transposed transposes (linear backward)."""
+    program, _ = example("gpt", True)
+    out, (report,) = run_passes(program, "canonicalize")
+    assert report.changed and report.counts["dead-code"] > 0
+    assert len(ops(out)) < len(ops(program))
+    # clones that fed views became reshapes, so no clone is left
+    assert "aten.clone.default" not in ops(out)
+
+
+# ---- golden text -----------------------------------------------------------------------------
+
+
+def test_canonicalize_golden_layout():
+    program, _ = layout_program()
+    filecheck(
+        program.text(),
+        """
+        CHECK: %view = aten.view.default(%x, [6, 4])
+        CHECK: aten.view.default(%view, [2, 12])
+        CHECK: %transpose = aten.transpose.int(%x, 0, 1)
+        CHECK: %transpose_1 = aten.transpose.int(%transpose, 0, 1)
+        CHECK: aten.clone.default
+        """,
+    )
+    out, (report,) = run_passes(program, "canonicalize")
+    filecheck(
+        out.text(),
+        """
+        CHECK: in  x: user_input float32[2x3x4]
+        CHECK-NOT: transpose
+        CHECK-NOT: permute
+        CHECK: %{{view_\\d+}} = aten.view.default(%x, [24]) : float32[24]  # <root>
+        CHECK-NEXT: %mul = aten.mul.Tensor(%{{view_\\d+}}, 2) : float32[24]
+        CHECK-NEXT: %mul_1 = aten.mul.Tensor(%x, 3) : float32[2x3x4]
+        CHECK-NEXT: %sub = aten.sub.Tensor(%x, 1) : float32[2x3x4]
+        CHECK-NEXT: out 0: output = %mul
+        CHECK-NEXT: out 1: output = %mul_1
+        CHECK-NEXT: out 2: output = %x
+        CHECK-NEXT: out 3: output = %x
+        CHECK-NEXT: out 4: output = %sub
+        """,
+    )
+    assert report.counts == {
+        "identity-reshape": 2,  # view(x / 1, [2, 3, 4]); expand(x, [2, 3, 4])
+        "reshape-chain": 2,  # view(view(view(x)))
+        "identity-permute": 0,
+        "transpose-pair": 1,
+        "permute-chain": 1,  # permute(permute(x, [2, 0, 1]), [1, 2, 0]) is the identity
+        "view-of-copy": 0,
+        "clone": 1,
+        "same-dtype-copy": 0,
+        "mul-by-one": 1,
+        "div-by-one": 1,
+        "dead-code": 4,  # view(x, [6, 4]), view(x, [2, 12]), transpose, permute
+    }
+    assert report.summary() == (
+        "canonicalize: changed (identity-reshape=2, reshape-chain=2, transpose-pair=1, "
+        "permute-chain=1, clone=1, mul-by-one=1, div-by-one=1, dead-code=4)"
+    )
+
+
+def test_canonicalize_golden_mixed():
+    """Composed permutes become one; no rewrite that would change a dtype; x + 0 stays."""
+    program, _ = mixed_program()
+    out, (report,) = run_passes(program, "canonicalize")
+    filecheck(
+        out.text(),
+        """
+        CHECK: %{{permute_\\d+}} = aten.permute.default(%x, [0, 2, 1]) : float32[2x2x3]
+        CHECK: aten.mul.Tensor(%i, 1.0) : float32[2x3]
+        CHECK: aten.div.Tensor(%i, 1) : float32[2x3]
+        CHECK-NOT: aten.mul.Tensor(%i, 1) :
+        CHECK: aten.add.Tensor(%x, 0)
+        CHECK: out 3: output = %i
+        """,
+    )
+    assert report.counts["permute-chain"] == 1 and report.counts["mul-by-one"] == 1
+    assert report.counts["div-by-one"] == 0
+
+
+def test_canonicalize_same_dtype_copy_and_view_of_copy():
+    program, inputs = layout_program()
+    x = next(n for n in program.graph.nodes if n.op == "placeholder")
+    copy = add_node(program, aten._to_copy.default, (x,))
+    copy.kwargs = {"dtype": torch.float32}
+    cast = add_node(program, aten._to_copy.default, (x,), spec=TensorSpec((2, 3, 4), torch.float16))
+    cast.kwargs = {"dtype": torch.float16}
+    perm = add_node(
+        program, aten.permute.default, (copy, [1, 0, 2]), spec=TensorSpec((3, 2, 4), torch.float32)
+    )
+    clone = add_node(program, aten.clone.default, (perm,), spec=perm.meta["tensor"])
+    clone.kwargs = {"memory_format": torch.contiguous_format}  # what makes the view valid
+    view = add_node(
+        program, aten.view.default, (clone, [6, 4]), spec=TensorSpec((6, 4), torch.float32)
+    )
+    out_node = program.graph.output_node()
+    out_node.args = ((*out_node.args[0][:-2], view, cast),)
+    program.graph_module.recompile()
+    program.signature = dataclasses.replace(
+        program.signature,
+        outputs=(
+            *program.signature.outputs[:-2],
+            dataclasses.replace(program.signature.outputs[-2], spec=view.meta["tensor"]),
+            dataclasses.replace(program.signature.outputs[-1], spec=cast.meta["tensor"]),
+        ),
+    )
+    portable.verify(program)
+    out, (report,) = run_passes(program, "canonicalize")
+    filecheck(
+        out.text(),
+        """
+        CHECK: %_to_copy_1 = aten._to_copy.default(%x, dtype=torch.float16) : float16[2x3x4]  # handmade
+        CHECK-NOT: clone
+        CHECK: %permute_2 = aten.permute.default(%x, [1, 0, 2])
+        CHECK-NEXT: %reshape = aten.reshape.default(%permute_2, [6, 4]) : float32[6x4]  # handmade
+        """,
+    )
+    assert report.counts["same-dtype-copy"] == 1 and report.counts["view-of-copy"] == 1
+    assert_identical(outputs(program, inputs), outputs(out, inputs))
+
+
+def test_canonicalize_disable():
+    program, _ = layout_program()
+    out, (report,) = run_passes(program, 'canonicalize{disable="transpose-pair,permute-chain"}')
+    assert "transpose-pair" not in report.counts and "permute-chain" not in report.counts
+    filecheck(
+        out.text(),
+        "CHECK: aten.transpose.int(%x, 0, 1)\nCHECK: aten.transpose.int(%transpose, 0, 1)",
+    )
+
+
+def test_canonicalize_on_canonical_program_is_unchanged():
+    program, _ = layout_program()
+    once, _ = run_passes(program, "canonicalize")
+    twice, (report,) = run_passes(once, "canonicalize")
+    assert not report.changed and twice.text() == once.text()
+    assert twice.metadata["passes"] == ["canonicalize", "canonicalize"]
+
+
+# ---- dce -------------------------------------------------------------------------------------
+
+
+def test_dce_removes_dead_ops():
+    program, inputs = layout_program()
+    x = next(n for n in program.graph.nodes if n.op == "placeholder")
+    neg = add_node(program, aten.neg.default, (x,))
+    add_node(program, aten.exp.default, (neg,))  # dead, and makes neg dead transitively
+    portable.verify(program)
+    filecheck(
+        program.text(), "CHECK: %neg = aten.neg.default(%x)\nCHECK: %exp = aten.exp.default(%neg)"
+    )
+    out, (report,) = run_passes(program, "dce")
+    filecheck(
+        out.text(),
+        "CHECK: in  x\nCHECK-NOT: %neg =\nCHECK-NOT: %exp =\nCHECK: out 0: output = %mul",
+    )
+    assert report.counts == {"removed": 2} and report.changed
+    assert report.to_json() == {
+        "pass": "dce",
+        "options": {},
+        "changed": True,
+        "counts": {"removed": 2},
+        "notes": [],
+    }
+    assert report.summary() == "dce: changed (removed=2)"
+    assert len(ops(out)) == len(ops(program)) - 2
+    assert_identical(outputs(program, inputs), outputs(out, inputs))
+
+
+def test_dce_keeps_placeholders_and_outputs():
+    program, _ = training_program()
+    out, (report,) = run_passes(program, "dce")
+    assert not report.changed and report.summary() == "dce: unchanged"
+    assert out.text() == program.text()
+    assert [n.name for n in out.graph.nodes if n.op == "placeholder"] == [
+        i.name for i in program.signature.inputs
+    ]
+
+
+def test_pass_does_not_mutate_its_input():
+    program, _ = layout_program()
+    text, graph_module, weights = program.text(), program.graph_module, dict(program.weights)
+    for p in (Canonicalize(), DeadCodeElimination()):
+        result = p.apply(program)
+        assert isinstance(result, PassResult)
+        assert program.text() == text and program.graph_module is graph_module
+        assert program.weights == weights and "passes" not in program.metadata
+
+
+# ---- spec strings --------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Options(Pass):
+    """A test-only pass with one option of each supported type."""
+
+    name = "options"
+    flag: bool = False
+    count: int = 3
+    scale: float = 0.5
+    label: str = "x"
+    pattern: str | None = None
+
+    def apply(self, program):
+        return PassResult(program, self.report(False))
+
+
+@dataclasses.dataclass(frozen=True)
+class CorruptMeta(Pass):
+    """A test-only bad pass: records a wrong shape on the first op."""
+
+    name = "corrupt-meta"
+
+    def apply(self, program):
+        out = program.replace()
+        node = next(n for n in out.graph.nodes if n.op == "call_function")
+        node.meta["tensor"] = TensorSpec((7, 7), torch.float32)
+        return PassResult(out, self.report(True))
+
+
+@dataclasses.dataclass(frozen=True)
+class MutateInput(Pass):
+    name = "mutate-input"
+
+    def apply(self, program):
+        x = next(n for n in program.graph.nodes if n.op == "call_function")
+        x.meta["source"] = SourceLoc(module="mutated")
+        return PassResult(program, self.report(False))
+
+
+@dataclasses.dataclass(frozen=True)
+class Crash(Pass):
+    name = "crash"
+
+    def apply(self, program):
+        raise ZeroDivisionError("boom")
+
+
+@pytest.fixture
+def test_registry() -> Registry:
+    reg: Registry = Registry("pass", "portable.tests.no_such_group", {})
+    for cls in (Options, CorruptMeta, MutateInput, Crash):
+        reg.register(cls.name, cls)
+    return reg
+
+
+@pytest.mark.parametrize(
+    "p, text",
+    [
+        (Options(), "options"),
+        (Options(flag=True, count=-2), "options{flag=true,count=-2}"),
+        (Options(scale=1e-3, label="a,b{c}=d"), 'options{scale=0.001,label="a,b{c}=d"}'),
+        (Options(label='say "hi" \\ bye'), 'options{label="say \\"hi\\" \\\\ bye"}'),
+        (Options(label=""), 'options{label=""}'),
+        (Options(pattern="none"), 'options{pattern="none"}'),
+        (Options(pattern="blocks.0/attn"), "options{pattern=blocks.0/attn}"),
+        (Options(scale=float("inf"), count=0), "options{count=0,scale=inf}"),
+    ],
+)
+def test_spec_round_trip(test_registry, p, text):
+    assert p.spec() == text
+    assert parse_pass(text, test_registry) == p
+    assert parse_pass(p.spec(), test_registry) == p
+
+
+def test_spec_conversions(test_registry):
+    p = parse_pass("options{ scale = 2 , count=0x10, pattern=none, flag=false }", test_registry)
+    assert p == Options(scale=2.0, count=16, pattern=None, flag=False)
+    assert type(p.scale) is float
+    assert Options(scale=2) == Options(scale=2.0) and type(Options(scale=2).scale) is float
+    for real in (Canonicalize(), Canonicalize(disable="clone, mul-by-one"), DeadCodeElimination()):
+        assert parse_pass(real.spec()) == real
+    assert get_pass("canonicalize", disable="clone") == Canonicalize(disable="clone")
+
+
+def test_parse_pipeline(test_registry):
+    passes = parse_pipeline('dce, canonicalize{disable="clone,mul-by-one"},dce')
+    assert passes == [
+        DeadCodeElimination(),
+        Canonicalize(disable="clone,mul-by-one"),
+        DeadCodeElimination(),
+    ]
+    assert parse_pipeline("") == []
+    assert parse_pipeline('options{label="a,b",count=1},crash', test_registry) == [
+        Options(label="a,b", count=1),
+        Crash(),
+    ]
+
+
+def test_unknown_pass_message():
+    with pytest.raises(RegistryError) as info:
+        parse_pass("canonicalise{disable=clone}")
+    assert str(info.value) == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, dce"
+    with pytest.raises(RegistryError, match="unknown pass 'nope'"):
+        get_pass("nope")
+
+
+def test_unknown_option_message(test_registry):
+    with pytest.raises(PassError) as info:
+        parse_pass("options{colour=red}", test_registry)
+    assert info.value.pass_name == "options"
+    assert str(info.value) == (
+        "pass 'options' has no option 'colour'\n"
+        "  fix: options: flag: bool = False, count: int = 3, scale: float = 0.5, label: str = 'x', "
+        "pattern: str | None = None"
+    )
+    with pytest.raises(PassError, match="pass 'dce' has no option 'x'\n  fix: options: none"):
+        get_pass("dce", x=1)
+    with pytest.raises(PassError, match="canonicalize has no pattern 'clones'"):
+        parse_pass("canonicalize{disable=clones}")
+
+
+@pytest.mark.parametrize(
+    "text, message",
+    [
+        ("options{count=1.5}", "option 'count' of pass 'options' must be int, got '1.5'"),
+        ("options{flag=yes}", "option 'flag' of pass 'options' must be true or false, got 'yes'"),
+        ("options{scale=big}", "option 'scale' of pass 'options' must be float, got 'big'"),
+        ('options{count="3"}', "option 'count' of pass 'options' must be int, got \"3\""),
+        ("options{count=1,count=2}", "option 'count' of pass 'options' is given twice"),
+        ("options{count}", "option 'count' of pass 'options' has no `=value`"),
+        ("options{count=1", "cannot parse pass 'options{count=1'"),
+        ('options{label="a}', "unbalanced braces or quotes"),
+        ('options{label=a"b"}', "stray quote in option value 'a\"b\"'"),
+    ],
+)
+def test_bad_option_value_messages(test_registry, text, message):
+    with pytest.raises(PassError) as info:
+        parse_pass(text, test_registry)
+    assert message in str(info.value)
+
+
+def test_option_types_are_checked_in_python():
+    with pytest.raises(
+        PassError, match=r"option 'disable' of pass 'canonicalize' must be str, got 1 \(int\)"
+    ):
+        get_pass("canonicalize", disable=1)
+    with pytest.raises(PassError, match="option 'count' of pass 'options' must be int, got True"):
+        Options(count=True)
+
+
+# ---- registry --------------------------------------------------------------------------------
+
+
+def test_registry_names_match_their_objects():
+    assert {"dce", "canonicalize"} <= set(registry.names())
+    for name in registry.names():
+        cls = registry.get(name)
+        assert issubclass(cls, Pass) and cls.name == name
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen
+        assert parse_pass(name) == cls()
+
+
+def test_pattern_names_are_unique():
+    names = [p.name for p in PATTERNS]
+    assert len(set(names)) == len(names) and "dead-code" not in names
+
+
+# ---- manager ---------------------------------------------------------------------------------
+
+
+def test_manager_records_history_and_reports():
+    program, _ = layout_program()
+    out, reports = run_passes(program, "dce,canonicalize,dce")
+    assert out.metadata["passes"] == ["dce", "canonicalize", "dce"]
+    assert "passes" not in program.metadata
+    assert [r.changed for r in reports] == [False, True, False]
+    again, _ = run_passes(out, 'canonicalize{disable="clone"}')
+    assert again.metadata["passes"] == ["dce", "canonicalize", "dce", "canonicalize{disable=clone}"]
+    assert out.metadata["passes"] == ["dce", "canonicalize", "dce"]
+
+
+def test_manager_wraps_invalid_ir(test_registry):
+    program, _ = layout_program()
+    passes = [DeadCodeElimination(), Canonicalize(), parse_pass("corrupt-meta", test_registry)]
+    with pytest.raises(PassError) as info:
+        PassManager(passes, verify_each=True).run(program)
+    err = info.value
+    assert err.pass_name == "corrupt-meta" and err.history == ("dce", "canonicalize")
+    assert re.match(
+        r"pass `corrupt-meta` left invalid IR: node view_\d+ records float32\[7x7\] but", str(err)
+    )
+    assert "after passes: dce, canonicalize" in str(err)
+    assert isinstance(err.__cause__, portable.VerifyError)
+    # without verification the manager does not look
+    PassManager(passes, verify_each=False).run(program)
+
+
+def test_manager_wraps_exceptions_and_input_mutation(test_registry):
+    program, _ = layout_program()
+    program.metadata["passes"] = ["canonicalize"]
+    with pytest.raises(PassError) as info:
+        PassManager([DeadCodeElimination(), Crash()], verify_each=True).run(program)
+    assert str(info.value) == (
+        "pass `crash` failed: ZeroDivisionError: boom\n  after passes: canonicalize, dce"
+    )
+    assert isinstance(info.value.__cause__, ZeroDivisionError)
+    with pytest.raises(
+        PassError, match="pass `mutate-input` failed: RuntimeError: it mutated its input"
+    ):
+        PassManager([MutateInput()], verify_each=True).run(program)
+
+
+def test_report_json_round_trip_shape():
+    report = PassReport("canonicalize", {"disable": ""}, True, {"clone": 2}, ["note"])
+    assert report.to_json() == {
+        "pass": "canonicalize",
+        "options": {"disable": ""},
+        "changed": True,
+        "counts": {"clone": 2},
+        "notes": ["note"],
+    }
+    assert report.summary() == "canonicalize: changed (clone=2)"
+    assert report == PassReport("canonicalize", {"disable": ""}, True, {"clone": 2}, ["note"])
+
+
+class ViewOfProduct(torch.nn.Module):
+    def forward(self, x):
+        return (x.expand(2, 3, 4) * 1).view(6, 4)
+
+
+def test_copy_feeding_a_view_is_kept():
+    """x * 1 is dense where expand(x) is not: replacing it would make the view invalid."""
+    x = torch.randn(1, 3, 4)
+    program = portable.capture(ViewOfProduct(), (x,))
+    out, (report,) = run_passes(program, "canonicalize")
+    assert report.counts["mul-by-one"] == 0
+    filecheck(
+        out.text(),
+        "CHECK: aten.expand.default\nCHECK-NEXT: aten.mul.Tensor(%expand, 1)\nCHECK-NEXT: aten.view.default",
+    )
+    assert_identical(outputs(program, (x,)), outputs(out, (x,)))

@@ -1,9 +1,9 @@
 """portable: capture a PyTorch model once; lower it to Trainium, NVIDIA GPUs, XLA, ONNX and CPU.
 
-    program = portable.capture(model, (x,))               # inference
-    step = portable.capture(model, batch, loss_fn=..., optimizer=portable.optim.AdamW(lr=1e-3))
-    run = portable.compile(program, backend="cpu")
-    program.save("model.portable"); portable.load("model.portable")
+program = portable.capture(model, (x,))               # inference
+step = portable.capture(model, batch, loss_fn=..., optimizer=portable.optim.AdamW(lr=1e-3))
+run = portable.compile(program, backend="cpu")
+program.save("model.portable"); portable.load("model.portable")
 """
 
 from __future__ import annotations

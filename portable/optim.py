@@ -9,15 +9,15 @@ counts completed steps and is part of the optimizer state of the program.
 
 from __future__ import annotations
 
-import dataclasses
 import abc
+import dataclasses
 from typing import Any
 
 import torch
 
 from .errors import CaptureError
 
-__all__ = ["SGD", "AdamW", "Optimizer", "from_torch"]
+__all__ = ["SGD", "AdamW", "Optimizer", "as_optimizer", "from_torch", "to_torch"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,6 +128,28 @@ class AdamW(Optimizer):
         denom = exp_avg_sq.sqrt() / bias_correction2_sqrt + self.eps
         param = param + (-step_size) * exp_avg / denom
         return param, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
+
+
+def to_torch(optimizer: Optimizer, params) -> torch.optim.Optimizer:
+    """The eager `torch.optim` optimizer with the same hyper-parameters (for reference loops)."""
+    if isinstance(optimizer, SGD):
+        return torch.optim.SGD(
+            params,
+            lr=optimizer.lr,
+            momentum=optimizer.momentum,
+            dampening=optimizer.dampening,
+            weight_decay=optimizer.weight_decay,
+            nesterov=optimizer.nesterov,
+        )
+    if isinstance(optimizer, AdamW):
+        return torch.optim.AdamW(
+            params,
+            lr=optimizer.lr,
+            betas=optimizer.betas,
+            eps=optimizer.eps,
+            weight_decay=optimizer.weight_decay,
+        )
+    raise CaptureError(f"no torch.optim equivalent for {type(optimizer).__name__}")
 
 
 def from_torch(optimizer: torch.optim.Optimizer) -> Optimizer:

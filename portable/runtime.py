@@ -40,7 +40,9 @@ class Executable:
         sig = program.signature
         self._state_specs = sig.state_inputs
         # weight key -> current value; updated in place of the dict by training steps
-        self.state: dict[str, torch.Tensor] = {s.target: program.weights[s.target] for s in self._state_specs}
+        self.state: dict[str, torch.Tensor] = {
+            s.target: program.weights[s.target] for s in self._state_specs
+        }
         self._order = [(i.kind, i) for i in sig.inputs]
 
     @property
@@ -77,14 +79,28 @@ class Executable:
         for kind, spec in self._order:
             if kind is InputKind.USER_INPUT:
                 value = next(it)
-                _check_input(self.program.name, spec.name, spec.spec, value)
+                _check_input(self.program, spec.name, spec.spec, value)
                 flat.append(value)
             else:
                 flat.append(self.state[spec.target])
         return flat
 
 
-def _check_input(program: str, name: str, spec: TensorSpec, value) -> None:
+def _check_input(program: Program, name: str, spec: TensorSpec, value) -> None:
+    symbols = program.metadata.get("symbolic_dims", {})
+    if isinstance(value, torch.Tensor):
+        for want, have in zip(spec.shape, value.shape, strict=False):
+            bounds = symbols.get(want) if isinstance(want, str) else None
+            if bounds and not (bounds["min"] <= have <= (bounds["max"] or have)):
+                raise InputError(
+                    f"input `{name}` of {program.name}: dynamic dim {want} = {have} is outside "
+                    f"its declared range [{bounds['min']}, {bounds['max']}]",
+                    fix="pass a size within the range, or re-capture with a wider Dim(min=, max=)",
+                )
+    _check_signature(program.name, name, spec, value)
+
+
+def _check_signature(program: str, name: str, spec: TensorSpec, value) -> None:
     if not isinstance(value, torch.Tensor):
         raise InputError(
             f"input `{name}` of {program} must be a tensor, got {type(value).__name__}",
@@ -92,7 +108,8 @@ def _check_input(program: str, name: str, spec: TensorSpec, value) -> None:
         )
     got = TensorSpec.of(value)
     shape_ok = len(got.shape) == len(spec.shape) and all(
-        isinstance(want, str) or want == have for want, have in zip(spec.shape, got.shape, strict=True)
+        isinstance(want, str) or want == have
+        for want, have in zip(spec.shape, got.shape, strict=True)
     )
     if got.dtype != spec.dtype or not shape_ok:
         what = "dtype" if shape_ok else "shape"

@@ -11,6 +11,7 @@ recorded shape and dtype.
 from __future__ import annotations
 
 import operator
+import re
 
 import torch
 import torch.fx
@@ -28,7 +29,9 @@ _NOT_IN_OPSET = (
     "rewrite that line with supported ops (`portable ops` lists them), or ask for the op to be "
     "added to the opset"
 )
-_RANDOM = "random ops cannot be compared across backends: set dropout p=0 (or model.eval()) for capture"
+_RANDOM = (
+    "random ops cannot be compared across backends: set dropout p=0 (or model.eval()) for capture"
+)
 _HINTS = {
     "aten.native_dropout.default": _RANDOM,
     "aten.bernoulli.p": _RANDOM,
@@ -39,14 +42,27 @@ _HINTS = {
     "aten._local_scalar_dense.default": "avoid .item() / float(tensor) in forward: keep values as tensors",
 }
 
-_PLAIN = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.layout, torch.memory_format)
+_PLAIN = (
+    int,
+    float,
+    bool,
+    str,
+    type(None),
+    torch.dtype,
+    torch.device,
+    torch.layout,
+    torch.memory_format,
+)
 
 
-def _fail(what: str, node: torch.fx.Node | None = None, fix: str | None = None, op: str | None = None):
+def _fail(
+    what: str, node: torch.fx.Node | None = None, fix: str | None = None, op: str | None = None
+):
     src = source_of(node) if node is not None else None
     raise VerifyError(
         what,
-        op=op or (op_name(node.target) if node is not None and node.op == "call_function" else None),
+        op=op
+        or (op_name(node.target) if node is not None and node.op == "call_function" else None),
         module=src.module if src else None,
         source=src.location() if src else None,
         fix=fix,
@@ -76,10 +92,15 @@ def _specs(meta) -> list[TensorSpec]:
     return []
 
 
+def _free_symbols(dim: str) -> set[str]:
+    """Names in a size expression such as `s75*s95` or `2*s3 + 1`."""
+    return set(re.findall(r"[A-Za-z_][A-Za-z0-9_]*", dim))
+
+
 def _check_static(node: torch.fx.Node, symbols: set[str]) -> None:
     for spec in _specs(node.meta.get("tensor")):
         for dim in spec.shape:
-            if isinstance(dim, str) and dim not in symbols:
+            if isinstance(dim, str) and not _free_symbols(dim) <= symbols:
                 _fail(
                     f"node {node.name} has an undeclared symbolic dim {dim!r}",
                     node,
@@ -101,7 +122,10 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
     for spec in sig.state_inputs:
         weight = program.weights.get(spec.target)
         if weight is None:
-            _fail(f"state input {spec.name} ({spec.target}) has no weight", fix="re-capture the program")
+            _fail(
+                f"state input {spec.name} ({spec.target}) has no weight",
+                fix="re-capture the program",
+            )
         if TensorSpec.of(weight) != spec.spec:
             _fail(f"weight {spec.target} is {TensorSpec.of(weight)}, signature says {spec.spec}")
     outputs = graph.output_node().args[0]
@@ -110,16 +134,26 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
 
     for node in graph.nodes:
         if node.op in ("get_attr", "call_module", "call_method"):
-            _fail(f"node {node.name} is a {node.op}", node, fix="programs hold only call_function nodes over the opset")
+            _fail(
+                f"node {node.name} is a {node.op}",
+                node,
+                fix="programs hold only call_function nodes over the opset",
+            )
         if node.op != "call_function":
             continue
         if node.target is not operator.getitem and lookup(node.target) is None:
             name = op_name(node.target)
-            _fail(f"op {name} is not in the portable opset", node, fix=_HINTS.get(name, _NOT_IN_OPSET))
+            _fail(
+                f"op {name} is not in the portable opset", node, fix=_HINTS.get(name, _NOT_IN_OPSET)
+            )
         for value in (*node.args, *node.kwargs.values()):
             _check_arg(node, value)
         if "tensor" not in node.meta:
-            _fail(f"node {node.name} has no recorded shape and dtype", node, fix="re-capture the program")
+            _fail(
+                f"node {node.name} has no recorded shape and dtype",
+                node,
+                fix="re-capture the program",
+            )
         _check_static(node, symbols)
     if check_shapes and not symbols:
         _check_shape_rules(program)

@@ -29,10 +29,17 @@ def test_inference_roundtrip_bit_identical(stem, example_spec, tmp_path):
 
 def _torch_optimizer(opt, params):
     if isinstance(opt, SGD):
-        return torch.optim.SGD(params, lr=opt.lr, momentum=opt.momentum, dampening=opt.dampening,
-                               weight_decay=opt.weight_decay, nesterov=opt.nesterov)
-    return torch.optim.AdamW(params, lr=opt.lr, betas=opt.betas, eps=opt.eps,
-                             weight_decay=opt.weight_decay)
+        return torch.optim.SGD(
+            params,
+            lr=opt.lr,
+            momentum=opt.momentum,
+            dampening=opt.dampening,
+            weight_decay=opt.weight_decay,
+            nesterov=opt.nesterov,
+        )
+    return torch.optim.AdamW(
+        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
+    )
 
 
 OPTIMIZERS = {
@@ -87,7 +94,12 @@ def test_training_signature_tags_and_aliasing(example_spec):
     program = portable.capture_spec(spec, training=True)
     sig = program.signature
     kinds = {i.kind for i in sig.inputs}
-    assert kinds == {InputKind.PARAMETER, InputKind.BUFFER, InputKind.OPTIMIZER_STATE, InputKind.USER_INPUT}
+    assert kinds == {
+        InputKind.PARAMETER,
+        InputKind.BUFFER,
+        InputKind.OPTIMIZER_STATE,
+        InputKind.USER_INPUT,
+    }
     assert [o.kind for o in sig.outputs][0] is OutputKind.LOSS
     aliases = sig.aliasing()
     params = {i.name for i in sig.inputs_of(InputKind.PARAMETER)}
@@ -101,16 +113,23 @@ def test_training_signature_tags_and_aliasing(example_spec):
 
 def test_tied_weights_are_one_input(example_spec):
     program = portable.capture_spec(example_spec("gpt"), training=True)
-    assert program.metadata["tied_weights"] in ({"wte.weight": "lm_head.weight"},
-                                                {"lm_head.weight": "wte.weight"})
+    assert program.metadata["tied_weights"] in (
+        {"wte.weight": "lm_head.weight"},
+        {"lm_head.weight": "wte.weight"},
+    )
     targets = [i.target for i in program.signature.inputs_of(InputKind.PARAMETER)]
     assert len(targets) == len(set(targets))
 
 
 def test_nodes_record_source_and_shapes(example_spec):
     program = portable.capture_spec(example_spec("gpt"))
-    attention_lines = [n for n in program.graph.nodes if n.op == "call_function"
-                       and n.meta["source"] and n.meta["source"].module == "blocks.0.attn"]
+    attention_lines = [
+        n
+        for n in program.graph.nodes
+        if n.op == "call_function"
+        and n.meta["source"]
+        and n.meta["source"].module == "blocks.0.attn"
+    ]
     assert attention_lines, "nodes of blocks.0.attn carry their module path"
     src = attention_lines[0].meta["source"]
     assert src.file.endswith("examples/gpt.py") and src.line > 0
@@ -121,7 +140,9 @@ def test_nodes_record_source_and_shapes(example_spec):
 
 def test_portable_ops_replace_composites(example_spec):
     program = portable.capture_spec(example_spec("llama"))
-    names = {portable.opset.op_name(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    names = {
+        portable.opset.op_name(n.target) for n in program.graph.nodes if n.op == "call_function"
+    }
     assert "portable.attention.default" in names and "portable.rms_norm.default" in names
     train = portable.capture_spec(example_spec("llama"), training=True)
     names = {portable.opset.op_name(n.target) for n in train.graph.nodes if n.op == "call_function"}

@@ -489,7 +489,10 @@ def test_targets_expand_all_and_drop_repeats():
 
     assert parse_targets(["cpu", "all", " cpu "]) == [Target("cpu")]
     assert target_dir(Target("cuda", "sm_90")) == "cuda_sm_90"
-    assert "/" not in target_dir(Target("x", "../../etc")) and target_dir(Target("x", "../../etc")) != ".."
+    assert (
+        "/" not in target_dir(Target("x", "../../etc"))
+        and target_dir(Target("x", "../../etc")) != ".."
+    )
 
 
 def test_progress_on_a_terminal_prints_the_label_first():

@@ -87,17 +87,24 @@ def test_cache_output_refused():
 
 def test_dropout_in_training_step():
     with pytest.raises(CaptureError) as info:
-        portable.capture(Dropout(), (torch.randn(2, 4), torch.randn(2, 4)),
-                         loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
-                         optimizer=portable.optim.SGD(lr=0.1))
+        portable.capture(
+            Dropout(),
+            (torch.randn(2, 4), torch.randn(2, 4)),
+            loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
+            optimizer=portable.optim.SGD(lr=0.1),
+        )
     message = _message(info)
     assert "dropout" in message and "module `drop`" in message and "p=0" in message
 
 
 def test_loss_must_be_scalar():
     with pytest.raises(CaptureError) as info:
-        portable.capture(nn.Linear(4, 2), (torch.randn(3, 4),), loss_fn=lambda m, x: m(x),
-                         optimizer=portable.optim.SGD(lr=0.1))
+        portable.capture(
+            nn.Linear(4, 2),
+            (torch.randn(3, 4),),
+            loss_fn=lambda m, x: m(x),
+            optimizer=portable.optim.SGD(lr=0.1),
+        )
     assert "one scalar tensor" in _message(info) and "(3, 2)" in _message(info)
 
 
@@ -114,8 +121,12 @@ def test_training_needs_optimizer_and_unused_parameters_are_explained():
             return self.used(x)
 
     with pytest.raises(CaptureError) as info:
-        portable.capture(Unused(), (torch.randn(3, 4),), loss_fn=lambda m, x: m(x).sum(),
-                         optimizer=portable.optim.SGD(lr=0.1))
+        portable.capture(
+            Unused(),
+            (torch.randn(3, 4),),
+            loss_fn=lambda m, x: m(x).sum(),
+            optimizer=portable.optim.SGD(lr=0.1),
+        )
     assert "requires_grad_(False)" in _message(info)
 
 
@@ -166,6 +177,15 @@ def test_capture_rejects_non_module():
 
 
 def test_errors_share_one_hierarchy():
-    for cls in (CaptureError, InputError, RegistryError, portable.ArchiveError, portable.VerifyError,
-                portable.PassError, portable.BackendError, portable.LoweringError, portable.PlanError):
+    for cls in (
+        CaptureError,
+        InputError,
+        RegistryError,
+        portable.ArchiveError,
+        portable.VerifyError,
+        portable.PassError,
+        portable.BackendError,
+        portable.LoweringError,
+        portable.PlanError,
+    ):
         assert issubclass(cls, portable.PortableError)

@@ -13,17 +13,35 @@ pytestmark = pytest.mark.hf
 
 
 def _gpt2():
-    cfg = transformers.GPT2Config(n_layer=2, n_embd=64, n_head=4, vocab_size=128, n_positions=64,
-                                  attn_pdrop=0.0, resid_pdrop=0.0, embd_pdrop=0.0, use_cache=False,
-                                  bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=2,
+        n_embd=64,
+        n_head=4,
+        vocab_size=128,
+        n_positions=64,
+        attn_pdrop=0.0,
+        resid_pdrop=0.0,
+        embd_pdrop=0.0,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.GPT2LMHeadModel(cfg)
 
 
 def _llama():
-    cfg = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                                   num_attention_heads=4, num_key_value_heads=2, vocab_size=128,
-                                   max_position_embeddings=64, use_cache=False,
-                                   bos_token_id=0, eos_token_id=0)
+    cfg = transformers.LlamaConfig(
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        vocab_size=128,
+        max_position_embeddings=64,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     return transformers.LlamaForCausalLM(cfg)
 
 
@@ -68,8 +86,16 @@ def test_training_step_matches_eager(name):
 
 
 def test_gpt2_with_dropout_is_refused_for_training():
-    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=32,
-                                  use_cache=False, bos_token_id=0, eos_token_id=0)
+    cfg = transformers.GPT2Config(
+        n_layer=1,
+        n_embd=32,
+        n_head=2,
+        vocab_size=64,
+        n_positions=32,
+        use_cache=False,
+        bos_token_id=0,
+        eos_token_id=0,
+    )
     model = transformers.GPT2LMHeadModel(cfg)
     batch = (torch.randint(0, 64, (1, 8)), torch.randint(0, 64, (1, 8)))
     with pytest.raises(portable.CaptureError) as info:

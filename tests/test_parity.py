@@ -62,10 +62,26 @@ def test_compare_reports_first_mismatch_and_errors():
     assert not shape.ok and "shape" in shape.note
 
 
-def test_cpu_against_itself_is_exact():
+def test_cpu_against_itself_and_eager_is_exact():
     x = torch.randn(4, 8)
     report = assert_parity(_model(), (x,), backends=["cpu"])
-    assert report.ok and report.rows and all(r.max_abs == 0 for r in report.rows)
+    assert [r.backend for r in report.rows] == ["eager", "cpu"]
+    assert report.ok and all(r.max_abs == 0 for r in report.rows)
+    assert "eager: the model run by eager PyTorch" in report.format()
+
+
+def test_eager_row_for_training_steps():
+    model = _model()
+    batch = (torch.randn(4, 8), torch.randn(4, 4))
+    loss_fn = lambda m, x, y: ((m(x) - y) ** 2).mean()  # noqa: E731
+    program = portable.capture(
+        model, batch, loss_fn=loss_fn, optimizer=portable.optim.AdamW(lr=1e-2)
+    )
+    report = assert_parity(
+        program, batch, backends=["cpu"], steps=3, eager_model=model, loss_fn=loss_fn
+    )
+    eager = {r.quantity for r in report.rows if r.backend == "eager"}
+    assert {"loss step 3", "state 0.weight", "state optimizer.0.weight.exp_avg_sq"} <= eager
 
 
 def test_mismatch_is_found_and_reported(test_backends):
@@ -83,8 +99,12 @@ def test_mismatch_is_found_and_reported(test_backends):
 def test_training_steps_compare_loss_per_step_and_state(test_backends):
     model = _model()
     batch = (torch.randn(4, 8), torch.randn(4, 4))
-    program = portable.capture(model, batch, loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
-                               optimizer=portable.optim.AdamW(lr=1e-2))
+    program = portable.capture(
+        model,
+        batch,
+        loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
+        optimizer=portable.optim.AdamW(lr=1e-2),
+    )
     report = check_parity(program, batch, backends=["perturbed"], steps=3)
     quantities = [r.quantity for r in report.rows]
     assert quantities[:3] == ["loss step 1", "loss step 2", "loss step 3"]
@@ -105,7 +125,9 @@ def test_unavailable_backend_is_an_error_or_listed(test_backends):
 def test_report_json_roundtrips(test_backends):
     report = check_parity(_model(), (torch.randn(4, 8),), backends=["perturbed"])
     data = report.to_json()
-    assert data["ok"] is False and data["rows"][0]["backend"] == "perturbed"
+    # given an nn.Module, the cpu results are first checked against eager PyTorch
+    assert [r["backend"] for r in data["rows"]] == ["eager", "perturbed"]
+    assert data["ok"] is False and data["rows"][0]["max_abs"] == 0
     assert isinstance(report, ParityReport)
 
 

@@ -18,6 +18,11 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn.functional as F
+
+import portable
+from portable.errors import PassError, RegistryError
+from portable.ir.signature import TensorSpec
+from portable.ir.source import SourceLoc
 from portable.passes import (
     Pass,
     PassManager,
@@ -30,11 +35,6 @@ from portable.passes import (
 )
 from portable.passes.canonicalize import PATTERNS, Canonicalize
 from portable.passes.dce import DeadCodeElimination
-
-import portable
-from portable.errors import PassError, RegistryError
-from portable.ir.signature import TensorSpec
-from portable.ir.source import SourceLoc
 from portable.registry import Registry
 
 aten = torch.ops.aten

@@ -35,8 +35,9 @@ def test_broken_plugin_names_itself():
 
 
 def test_entry_point_plugins_are_loaded_lazily(monkeypatch):
-    ep = importlib.metadata.EntryPoint(name="mine", value="portable.backends.cpu:CpuBackend",
-                                       group="portable.test-group")
+    ep = importlib.metadata.EntryPoint(
+        name="mine", value="portable.backends.cpu:CpuBackend", group="portable.test-group"
+    )
     calls = []
 
     def fake_entry_points(group):
@@ -62,8 +63,10 @@ def test_importing_portable_does_not_import_heavy_backends():
     import subprocess
     import sys
 
-    code = ("import sys, portable, portable.backends, portable.passes; "
-            "print(','.join(m for m in ('jax', 'triton', 'onnx', 'onnxruntime') if m in sys.modules))")
+    code = (
+        "import sys, portable, portable.backends, portable.passes; "
+        "print(','.join(m for m in ('jax', 'triton', 'onnx', 'onnxruntime') if m in sys.modules))"
+    )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == ""
 
@@ -76,8 +79,11 @@ def test_cpu_capabilities_hold_for_every_claimed_op_used_by_examples(example_spe
     for stem in ("mlp", "cnn"):
         for training in (False, True):
             program = portable.capture_spec(example_spec(stem), training=training)
-            used = {portable.opset.op_name(n.target) for n in program.graph.nodes
-                    if n.op == "call_function" and portable.opset.lookup(n.target)}
+            used = {
+                portable.opset.op_name(n.target)
+                for n in program.graph.nodes
+                if n.op == "call_function" and portable.opset.lookup(n.target)
+            }
             assert used <= caps.ops
             inputs = example_spec(stem).batch() if training else example_spec(stem).inputs()
             portable.compile(program, backend="cpu")(*inputs)
@@ -103,4 +109,6 @@ def test_cpu_refuses_ops_without_kernels():
 def test_backend_subclass_contract():
     assert issubclass(type(get_backend("cpu")), Backend)
     with pytest.raises(portable.BackendError, match="unknown target cpu:fast"):
-        portable.compile(portable.capture(torch.nn.Linear(2, 2), (torch.randn(1, 2),)), backend="cpu:fast")
+        portable.compile(
+            portable.capture(torch.nn.Linear(2, 2), (torch.randn(1, 2),)), backend="cpu:fast"
+        )

@@ -78,12 +78,16 @@ def capture(
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
     if loss_fn is None:
         if optimizer is not None:
-            raise CaptureError("optimizer given without loss_fn", fix="pass loss_fn=... for a training step")
+            raise CaptureError(
+                "optimizer given without loss_fn", fix="pass loss_fn=... for a training step"
+            )
         with _mode(model, training=False):
             program = _capture_inference(model, args, kwargs, dynamic_shapes, name, options)
     else:
         if optimizer is None:
-            raise CaptureError("a training step needs an optimizer", fix="pass optimizer=portable.optim.AdamW(...)")
+            raise CaptureError(
+                "a training step needs an optimizer", fix="pass optimizer=portable.optim.AdamW(...)"
+            )
         opt = as_optimizer(optimizer)
         options["optimizer"] = opt.to_dict()
         with _mode(model, training=True):
@@ -96,13 +100,20 @@ def capture(
     return program
 
 
-def capture_spec(spec: ModelSpec, *, training: bool = False, model: torch.nn.Module | None = None) -> Program:
+def capture_spec(
+    spec: ModelSpec, *, training: bool = False, model: torch.nn.Module | None = None
+) -> Program:
     """Capture a `@portable` model with its recorded example inputs, loss and optimizer."""
     model = model if model is not None else spec.build()
     if not training:
-        return capture(model, spec.inputs(), plan=spec.plan, dynamic_shapes=spec.dynamic_shapes, name=spec.name)
+        return capture(
+            model, spec.inputs(), plan=spec.plan, dynamic_shapes=spec.dynamic_shapes, name=spec.name
+        )
     if not spec.trainable:
-        raise CaptureError(f"`{spec.name}` has no loss_fn", fix="pass loss_fn=... and example_batch=... to @portable")
+        raise CaptureError(
+            f"`{spec.name}` has no loss_fn",
+            fix="pass loss_fn=... and example_batch=... to @portable",
+        )
     return capture(
         model,
         spec.batch(),
@@ -133,7 +144,9 @@ def _mode(model: torch.nn.Module, *, training: bool):
 
 def _export(module, args, kwargs, dynamic_shapes, phase: str):
     try:
-        return torch.export.export(module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False)
+        return torch.export.export(
+            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
+        )
     except PortableError:
         raise
     except Exception as exc:  # torch raises many types; all become a CaptureError with the cause
@@ -228,7 +241,7 @@ def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, option
 
 def _check_scalar_loss(ep) -> None:
     outs = [s for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
-    vals = [n.meta.get("val") for n in ep.graph_module.graph.output_node().args[0]][-len(outs):]
+    vals = [n.meta.get("val") for n in ep.graph_module.graph.output_node().args[0]][-len(outs) :]
     if len(outs) != 1 or not isinstance(vals[0], torch.Tensor) or vals[0].dim() != 0:
         shape = [tuple(v.shape) if isinstance(v, torch.Tensor) else type(v).__name__ for v in vals]
         raise CaptureError(
@@ -270,5 +283,10 @@ def _verify(program: Program) -> None:
         verify(program)
     except VerifyError as exc:
         raise CaptureError(
-            exc.what, op=exc.op, module=exc.module, source=exc.source, fix=exc.fix, details=exc.details
+            exc.what,
+            op=exc.op,
+            module=exc.module,
+            source=exc.source,
+            fix=exc.fix,
+            details=exc.details,
         ) from exc

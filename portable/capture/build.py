@@ -10,9 +10,13 @@ import torch.fx
 import torch.utils._pytree as pytree
 from torch.export.graph_signature import (
     ConstantArgument,
-    InputKind as EInputKind,
-    OutputKind as EOutputKind,
     TensorArgument,
+)
+from torch.export.graph_signature import (
+    InputKind as EInputKind,
+)
+from torch.export.graph_signature import (
+    OutputKind as EOutputKind,
 )
 
 from ..errors import CaptureError
@@ -53,7 +57,10 @@ def output_names(ep: torch.export.ExportedProgram, count: int) -> list[str]:
     try:
         tree = pytree.tree_unflatten(list(range(count)), ep.call_spec.out_spec)
         leaves, _ = pytree.tree_flatten_with_path(tree)
-        names = [pytree.keystr(path).strip("[]").replace("][", ".").replace("'", "") for path, _ in leaves]
+        names = [
+            pytree.keystr(path).strip("[]").replace("][", ".").replace("'", "")
+            for path, _ in leaves
+        ]
     except Exception:  # an unusual output container: fall back to positions
         names = []
     if len(names) != count or len(set(names)) != count:
@@ -100,7 +107,9 @@ def to_program(
     by_target = {i.target: i.name for i in inputs if i.target}
     out_node = gm.graph.output_node()
     out_args = list(out_node.args[0])
-    user_count = sum(1 for s in ep.graph_signature.output_specs if s.kind == EOutputKind.USER_OUTPUT)
+    user_count = sum(
+        1 for s in ep.graph_signature.output_specs if s.kind == EOutputKind.USER_OUTPUT
+    )
     user_names = iter(output_names(ep, user_count))
     outputs = []
     for arg, spec in zip(out_args, ep.graph_signature.output_specs, strict=True):
@@ -113,14 +122,47 @@ def to_program(
             )
         outputs.append(_output_spec(arg, spec, strip(spec.target), by_target, user_names))
     _refuse_caches(outputs)
-    program = Program(
+    metadata = {"name": name, "opset_version": OPSET_VERSION, "capture": options or {}}
+    symbols = symbolic_dims(ep, inputs)
+    if symbols:
+        metadata["symbolic_dims"] = symbols
+    return Program(
         kind=kind,
         graph_module=gm,
         signature=Signature(tuple(inputs), tuple(outputs)),
         weights=weights,
-        metadata={"name": name, "opset_version": OPSET_VERSION, "capture": options or {}},
+        metadata=metadata,
     )
-    return program
+
+
+def _bound(value, unbounded):
+    """An int from a sympy bound, or `unbounded` for infinities (sympy's or torch's int_oo)."""
+    try:
+        return int(value)
+    except (TypeError, OverflowError, AttributeError):
+        return unbounded
+
+
+def symbolic_dims(ep: torch.export.ExportedProgram, inputs: list[InputSpec]) -> dict[str, dict]:
+    """Declared dynamic dims of the inputs: symbol -> {min, max, source ("idx.shape[0]")}.
+
+    Only symbols that size an input count; torch may track others (unbacked values) that no
+    tensor shape uses."""
+    where = {}
+    for i in inputs:
+        for d, size in enumerate(i.spec.shape):
+            if isinstance(size, str):
+                where.setdefault(size, f"{i.name}.shape[{d}]")
+    out = {}
+    for symbol, bounds in ep.range_constraints.items():
+        name = str(symbol)
+        if name in where:
+            out[name] = {
+                "min": _bound(bounds.lower, 0),
+                "max": _bound(bounds.upper, None),
+                "source": where[name],
+            }
+    return out
 
 
 def _output_spec(arg, spec, target, by_target, user_names) -> OutputSpec:
@@ -130,7 +172,9 @@ def _output_spec(arg, spec, target, by_target, user_names) -> OutputSpec:
     if spec.kind == EOutputKind.LOSS_OUTPUT:
         return OutputSpec("loss", OutputKind.LOSS, meta)
     if spec.kind == EOutputKind.BUFFER_MUTATION:
-        return OutputSpec(f"{target}.updated", OutputKind.UPDATED_STATE, meta, target, by_target[target])
+        return OutputSpec(
+            f"{target}.updated", OutputKind.UPDATED_STATE, meta, target, by_target[target]
+        )
     if spec.kind == EOutputKind.GRADIENT_TO_PARAMETER:
         return OutputSpec(f"{target}.grad", OutputKind.GRADIENT, meta, target)
     if spec.kind == EOutputKind.USER_INPUT_MUTATION:

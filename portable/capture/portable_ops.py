@@ -35,8 +35,14 @@ def _sdpa(node: torch.fx.Node, src: SourceLoc | None):
             source=src.location() if src else None,
             fix="capture with dropout_p=0.0 (model.eval() for inference, or set attention dropout to 0)",
         )
-    args = (values["query"], values["key"], values["value"], values["attn_mask"],
-            bool(values["is_causal"]), values["scale"])
+    args = (
+        values["query"],
+        values["key"],
+        values["value"],
+        values["attn_mask"],
+        bool(values["is_causal"]),
+        values["scale"],
+    )
     return portable_ops.attention.default, args, {}
 
 

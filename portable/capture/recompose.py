@@ -31,14 +31,20 @@ def _silu_backward(node: torch.fx.Node):
         if not _is(rest, aten.mul.Tensor):
             continue
         sig, inner = rest.args
-        if not (_is(sig, aten.sigmoid.default) and _is(inner, aten.add.Scalar) and inner.args[1] == 1):
+        if not (
+            _is(sig, aten.sigmoid.default) and _is(inner, aten.add.Scalar) and inner.args[1] == 1
+        ):
             continue
         prod = inner.args[0]
         if not _is(prod, aten.mul.Tensor):
             continue
         x, one_minus = prod.args
-        if not (_is(one_minus, aten.sub.Tensor) and _ones_like(one_minus.args[0])
-                and one_minus.args[1] is sig and sig.args[0] is x):
+        if not (
+            _is(one_minus, aten.sub.Tensor)
+            and _ones_like(one_minus.args[0])
+            and one_minus.args[1] is sig
+            and sig.args[0] is x
+        ):
             continue
         return aten.silu_backward.default, (grad, x)
     return None

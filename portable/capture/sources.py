@@ -75,7 +75,9 @@ def restore_sources(joint: torch.fx.Graph, forward: torch.fx.Graph) -> int:
         ]
         candidates = [c for c in candidates if c is not None and position[c] < position[node]]
         if not candidates:  # pure gradient plumbing (views, adds): follow the gradient
-            candidates = [a for a in node.all_input_nodes if isinstance(a.meta.get("source"), SourceLoc)]
+            candidates = [
+                a for a in node.all_input_nodes if isinstance(a.meta.get("source"), SourceLoc)
+            ]
         if candidates:
             node.meta["source"] = max(candidates, key=position.__getitem__).meta["source"]
             count += 1

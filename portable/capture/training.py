@@ -59,7 +59,9 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
                 node = graph.placeholder(name)
         node.meta["val"] = value
         node.meta["tensor"] = TensorSpec.of(value)
-        new_inputs.append(InputSpec(node.name, InputKind.OPTIMIZER_STATE, node.meta["tensor"], target))
+        new_inputs.append(
+            InputSpec(node.name, InputKind.OPTIMIZER_STATE, node.meta["tensor"], target)
+        )
         weights[target] = value
         return node
 
@@ -93,15 +95,17 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     examples += [torch.empty_like(program.weights[g.target]) for g in grads]
     examples += [torch.empty_like(weights[s.target]) for s in new_inputs[1:]]
     examples += [torch.empty_like(weights[STEP_TARGET])]
-    traced = make_fx(update, decomposition_table=decompositions(python_only=True), tracing_mode="fake")(
-        *examples
-    )
+    traced = make_fx(
+        update, decomposition_table=decompositions(python_only=True), tracing_mode="fake"
+    )(*examples)
     if any(node.op == "get_attr" for node in traced.graph.nodes):
         raise CaptureError(f"optimizer {optimizer.kind} traced to a graph with constants")
     sources = [placeholders[params[g.target].name] for g in grads]
     sources += [out_values[g.name] for g in grads]
     sources += [node for nodes in state_nodes for node in nodes] + [step_node]
-    val_map = dict(zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True))
+    val_map = dict(
+        zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True)
+    )
     with graph.inserting_before(out_node):
         results = graph.graph_copy(traced.graph, val_map)
     for node in graph.nodes:
@@ -116,19 +120,43 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     outs = [(loss, out_values[loss.name])]
     for grad, value in zip(grads, new_params, strict=True):
         param = params[grad.target]
-        outs.append((OutputSpec(f"{grad.target}.updated", OutputKind.UPDATED_PARAMETER,
-                                param.spec, grad.target, param.name), value))
+        outs.append(
+            (
+                OutputSpec(
+                    f"{grad.target}.updated",
+                    OutputKind.UPDATED_PARAMETER,
+                    param.spec,
+                    grad.target,
+                    param.name,
+                ),
+                value,
+            )
+        )
     state_specs = new_inputs[1:] + new_inputs[:1]
     for spec, value in zip(state_specs, [*new_states, new_step], strict=True):
-        outs.append((OutputSpec(f"{spec.target}.updated", OutputKind.UPDATED_STATE, spec.spec,
-                                spec.target, spec.name), value))
+        outs.append(
+            (
+                OutputSpec(
+                    f"{spec.target}.updated",
+                    OutputKind.UPDATED_STATE,
+                    spec.spec,
+                    spec.target,
+                    spec.name,
+                ),
+                value,
+            )
+        )
     outs += [(o, out_values[o.name]) for o in sig.outputs_of(OutputKind.UPDATED_STATE)]
     out_node.args = (tuple(v for _, v in outs),)
     graph.eliminate_dead_code()
     graph.lint()
     program.graph_module.recompile()
 
-    ordered = [i for i in sig.inputs if i.kind != InputKind.USER_INPUT] + new_inputs + list(sig.user_inputs)
+    ordered = (
+        [i for i in sig.inputs if i.kind != InputKind.USER_INPUT]
+        + new_inputs
+        + list(sig.user_inputs)
+    )
     program.signature = Signature(tuple(ordered), tuple(spec for spec, _ in outs))
     program.weights = weights
     program.metadata["optimizer"] = optimizer.to_dict()

@@ -60,8 +60,16 @@ def run_parity(
     tolerances: dict[str, Any] = {
         k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None
     }
+    eager = {}
+    if source.spec is not None:  # also compare the reference with the eager model itself
+        eager = {"eager_model": source.spec.build(), "loss_fn": source.spec.loss_fn}
     report = check_parity(
-        program, _inputs(program, source, training), backends=here, steps=steps, **tolerances
+        program,
+        _inputs(program, source, training),
+        backends=here,
+        steps=steps,
+        **tolerances,
+        **eager,
     )
     record.update(ok=bool(report.ok), report=report.to_json())
     verdict = "ok" if report.ok else "MISMATCH"

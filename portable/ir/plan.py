@@ -31,9 +31,13 @@ class Mesh:
         items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
         for name, size in items:
             if not isinstance(name, str) or not _AXIS.match(name):
-                raise PlanError(f"mesh axis name {name!r} is not an identifier", fix="use names like 'dp', 'tp'")
+                raise PlanError(
+                    f"mesh axis name {name!r} is not an identifier", fix="use names like 'dp', 'tp'"
+                )
             if not isinstance(size, int) or size < 1:
-                raise PlanError(f"mesh axis {name!r} has size {size!r}", fix="sizes are positive integers")
+                raise PlanError(
+                    f"mesh axis {name!r} has size {size!r}", fix="sizes are positive integers"
+                )
         names = [n for n, _ in items]
         if len(set(names)) != len(names):
             raise PlanError(f"mesh axes repeat a name: {names}", fix="give each axis its own name")
@@ -131,7 +135,7 @@ class Plan:
             if self.specs or self.rules:
                 raise PlanError("plan has partition specs but no mesh", fix="pass mesh=Mesh({...})")
             return
-        for name, spec in self.specs:
+        for name, _ in self.specs:
             if name not in shapes:
                 raise PlanError(
                     f"plan names tensor {name!r}, which the program does not have",
@@ -184,6 +188,7 @@ class Plan:
         mesh = Mesh(data["mesh"]) if data.get("mesh") else None
         specs = tuple((k, PartitionSpec.from_json(v)) for k, v in data.get("specs", {}).items())
         rules = tuple(
-            ShardingRule(r["pattern"], PartitionSpec.from_json(r["spec"])) for r in data.get("rules", [])
+            ShardingRule(r["pattern"], PartitionSpec.from_json(r["spec"]))
+            for r in data.get("rules", [])
         )
         return Plan(mesh, specs, rules)

@@ -26,7 +26,7 @@ from .signature import InputKind, Signature
 __all__ = ["Program", "ProgramKind"]
 
 
-class ProgramKind(str, enum.Enum):
+class ProgramKind(enum.StrEnum):
     INFERENCE = "inference"
     TRAINING_STEP = "training_step"
 
@@ -66,7 +66,9 @@ class Program:
         return {i.name: self.weights[i.target] for i in self.signature.state_inputs}
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        return {i.target: self.weights[i.target] for i in self.signature.inputs_of(InputKind.PARAMETER)}
+        return {
+            i.target: self.weights[i.target] for i in self.signature.inputs_of(InputKind.PARAMETER)
+        }
 
     def replace(self, **changes: Any) -> Program:
         """A copy with some fields changed (graphs are deep-copied, weights shared)."""

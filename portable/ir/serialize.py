@@ -26,7 +26,7 @@ import torch
 import torch.fx
 
 from ..errors import ArchiveError, PortableError
-from ..opset import op_name, opset_table
+from ..opset import lookup, op_name, opset_table
 from .plan import Plan
 from .program import Program, ProgramKind
 from .signature import Signature, TensorSpec
@@ -225,7 +225,7 @@ def _op_of(node: torch.fx.Node) -> str:
         return node.op
     if node.op == "call_function" and node.target is operator.getitem:
         return "getitem"
-    if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
+    if node.op == "call_function" and lookup(node.target) is not None:
         return op_name(node.target)
     raise ArchiveError(
         f"cannot save node {node.name}: a {node.op} of {op_name(node.target)}",

@@ -16,7 +16,7 @@ import torch
 __all__ = ["InputKind", "InputSpec", "OutputKind", "OutputSpec", "Signature", "TensorSpec"]
 
 
-class InputKind(str, enum.Enum):
+class InputKind(enum.StrEnum):
     PARAMETER = "parameter"
     BUFFER = "buffer"
     CONSTANT = "constant"
@@ -24,7 +24,7 @@ class InputKind(str, enum.Enum):
     USER_INPUT = "user_input"
 
 
-class OutputKind(str, enum.Enum):
+class OutputKind(enum.StrEnum):
     OUTPUT = "output"
     LOSS = "loss"
     GRADIENT = "gradient"
@@ -32,7 +32,12 @@ class OutputKind(str, enum.Enum):
     UPDATED_STATE = "updated_state"
 
 
-STATE_INPUTS = (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT, InputKind.OPTIMIZER_STATE)
+STATE_INPUTS = (
+    InputKind.PARAMETER,
+    InputKind.BUFFER,
+    InputKind.CONSTANT,
+    InputKind.OPTIMIZER_STATE,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,7 +81,12 @@ class InputSpec:
     target: str | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "kind": self.kind.value, "target": self.target, **self.spec.to_json()}
+        return {
+            "name": self.name,
+            "kind": self.kind.value,
+            "target": self.target,
+            **self.spec.to_json(),
+        }
 
     @staticmethod
     def from_json(d: dict[str, Any]) -> InputSpec:
@@ -106,7 +116,11 @@ class OutputSpec:
     @staticmethod
     def from_json(d: dict[str, Any]) -> OutputSpec:
         return OutputSpec(
-            d["name"], OutputKind(d["kind"]), TensorSpec.from_json(d), d.get("target"), d.get("aliases")
+            d["name"],
+            OutputKind(d["kind"]),
+            TensorSpec.from_json(d),
+            d.get("target"),
+            d.get("aliases"),
         )
 
 

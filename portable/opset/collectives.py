@@ -21,9 +21,7 @@ REDUCE_OPS = ("sum", "avg", "max", "min")
 define("all_reduce(Tensor x, str reduce_op, str axis, int group_size) -> Tensor")
 define("all_gather(Tensor x, int dim, str axis, int group_size) -> Tensor")
 define("reduce_scatter(Tensor x, str reduce_op, int dim, str axis, int group_size) -> Tensor")
-define(
-    "all_to_all(Tensor x, int split_dim, int concat_dim, str axis, int group_size) -> Tensor"
-)
+define("all_to_all(Tensor x, int split_dim, int concat_dim, str axis, int group_size) -> Tensor")
 define("wait(Tensor x) -> Tensor")
 
 

@@ -28,7 +28,9 @@ define(
     "attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask=None, "
     "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)"
 )
-define("rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor")
+define(
+    "rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor"
+)
 define(
     "rms_norm_backward(Tensor grad, Tensor x, SymInt[] normalized_shape, Tensor? weight=None, "
     "float? eps=None) -> (Tensor, Tensor)"
@@ -107,14 +109,19 @@ def _eager_grads(fn, inputs, grad):
         leaves = [t.detach().requires_grad_() for t in inputs]
         out = fn(*leaves)
         grads = torch.autograd.grad(out, leaves, grad, allow_unused=True)
-    return [torch.zeros_like(t) if g is None else g.contiguous() for t, g in zip(inputs, grads, strict=True)]
+    return [
+        torch.zeros_like(t) if g is None else g.contiguous()
+        for t, g in zip(inputs, grads, strict=True)
+    ]
 
 
 @torch.library.register_kernel("portable::attention_backward", "cpu")
 def _attention_backward_cpu(grad, q, k, v, mask=None, is_causal=False, scale=None):
     """(dq, dk, dv) of attention_reference, by eager autograd (grouped kv heads sum back)."""
     return tuple(
-        _eager_grads(lambda q, k, v: attention_reference(q, k, v, mask, is_causal, scale), (q, k, v), grad)
+        _eager_grads(
+            lambda q, k, v: attention_reference(q, k, v, mask, is_causal, scale), (q, k, v), grad
+        )
     )
 
 
@@ -131,7 +138,9 @@ def _attention_setup(ctx, inputs, output):
 
 def _attention_grad(ctx, grad):
     q, k, v, mask = ctx.saved_tensors
-    dq, dk, dv = torch.ops.portable.attention_backward(grad, q, k, v, mask, ctx.is_causal, ctx.scale)
+    dq, dk, dv = torch.ops.portable.attention_backward(
+        grad, q, k, v, mask, ctx.is_causal, ctx.scale
+    )
     return dq, dk, dv, None, None, None
 
 
@@ -186,7 +195,9 @@ def _rms_norm_backward_cpu(grad, x, normalized_shape, weight=None, eps=None):
     if weight is None:
         (dx,) = _eager_grads(lambda x: torch.rms_norm(x, normalized_shape, None, eps), (x,), grad)
         return dx, x.new_zeros(normalized_shape)
-    dx, dw = _eager_grads(lambda x, w: torch.rms_norm(x, normalized_shape, w, eps), (x, weight), grad)
+    dx, dw = _eager_grads(
+        lambda x, w: torch.rms_norm(x, normalized_shape, w, eps), (x, weight), grad
+    )
     return dx, dw
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import operator
 
 import torch
 
@@ -43,7 +44,18 @@ SHAPE_RULES = {
     "tuple": "a tuple of tensors, each by its own rule",
     "collective": "all_gather multiplies dim by group size, reduce_scatter divides it, others keep shape",
     "mx": "codes: input shape (FP4 halves axis); scales: axis divided by block size, rounded up",
+    "scalar": "a symbolic integer (size arithmetic of declared dynamic dims), no tensor",
 }
+
+# Size arithmetic on symbolic dims (dynamic shapes) is Python operators on SymInts in torch.fx.
+_SYMBOLIC_TARGETS = {
+    "sym.add": operator.add,
+    "sym.sub": operator.sub,
+    "sym.mul": operator.mul,
+    "sym.floordiv": operator.floordiv,
+    "sym.mod": operator.mod,
+}
+_SYMBOLIC_NAMES = {target: name for name, target in _SYMBOLIC_TARGETS.items()}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -58,12 +70,17 @@ class OpDef:
         return self.name.split(".", 1)[0]
 
     @functools.cached_property
-    def overload(self) -> torch._ops.OpOverload:
+    def overload(self):
+        """The torch op overload (or, for `sym.*`, the Python operator) this entry names."""
+        if self.name in _SYMBOLIC_TARGETS:
+            return _SYMBOLIC_TARGETS[self.name]
         ns, op, overload = (self.name.split(".") + ["default"])[:3]
         return getattr(getattr(getattr(torch.ops, ns), op), overload)
 
     @property
     def signature(self) -> str:
+        if self.name in _SYMBOLIC_TARGETS:
+            return f"{self.name.split('.')[1]}(SymInt a, SymInt b) -> SymInt"
         return str(self.overload._schema)
 
     def accepts(self, dtype: torch.dtype) -> bool:
@@ -90,7 +107,12 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.mul.Tensor", ANY, "broadcast", "x * y"),
     _e("aten.mul.Scalar", NUMERIC, "same", "x * scalar"),
     _e("aten.div.Tensor", NUMERIC, "broadcast", "x / y (true division)"),
-    _e("aten.div.Tensor_mode", NUMERIC, "broadcast", "x / y rounded by rounding_mode (trunc or floor)"),
+    _e(
+        "aten.div.Tensor_mode",
+        NUMERIC,
+        "broadcast",
+        "x / y rounded by rounding_mode (trunc or floor)",
+    ),
     _e("aten.div.Scalar", NUMERIC, "same", "x / scalar"),
     _e("aten.neg.default", NUMERIC, "same", "-x"),
     _e("aten.abs.default", NUMERIC, "same", "|x|"),
@@ -118,7 +140,12 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.gelu.default", FLOAT, "same", "x * Phi(x) (approximate='none') or its tanh form"),
     _e("aten.gelu_backward.default", FLOAT, "broadcast", "d gelu(x) / dx * grad"),
     _e("aten.silu.default", FLOAT, "same", "x * sigmoid(x)"),
-    _e("aten.silu_backward.default", FLOAT, "broadcast", "grad * sigmoid(x) * (1 + x * (1 - sigmoid(x)))"),
+    _e(
+        "aten.silu_backward.default",
+        FLOAT,
+        "broadcast",
+        "grad * sigmoid(x) * (1 + x * (1 - sigmoid(x)))",
+    ),
     _e("aten.threshold_backward.default", NUMERIC, "broadcast", "grad where x > threshold else 0"),
     _e("aten.tanh_backward.default", FLOAT, "broadcast", "grad * (1 - y^2)"),
     _e("aten.sigmoid_backward.default", FLOAT, "broadcast", "grad * y * (1 - y)"),
@@ -163,8 +190,18 @@ _ATEN: tuple[OpDef, ...] = (
     # losses (kept whole: their decompositions round differently from the eager kernels)
     _e("aten.mse_loss.default", FLOAT, "reduce", "mean/sum/none of (x - y)^2 by reduction"),
     _e("aten.mse_loss_backward.default", FLOAT, "same", "grad * 2 * (x - y) / n (mean reduction)"),
-    _e("aten.nll_loss_forward.default", FLOAT, "tuple", "(-sum of x[i, target[i]] weighted and reduced, total weight)"),
-    _e("aten.nll_loss_backward.default", FLOAT, "same", "scatter -grad / total weight to the target entries"),
+    _e(
+        "aten.nll_loss_forward.default",
+        FLOAT,
+        "tuple",
+        "(-sum of x[i, target[i]] weighted and reduced, total weight)",
+    ),
+    _e(
+        "aten.nll_loss_backward.default",
+        FLOAT,
+        "same",
+        "scatter -grad / total weight to the target entries",
+    ),
     # linear algebra
     _e("aten.mm.default", NUMERIC, "matmul", "[m, k] @ [k, n]"),
     _e("aten.bmm.default", NUMERIC, "matmul", "[b, m, k] @ [b, k, n]"),
@@ -187,7 +224,12 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.stack.default", ANY, "concat", "stack along a new dim"),
     _e("aten.split_with_sizes.default", ANY, "tuple", "split along dim into the given sizes"),
     _e("aten.slice.Tensor", ANY, "index", "x[start:end:step] along dim"),
-    _e("aten.slice_scatter.default", ANY, "same", "x with x[start:end:step] along dim replaced by src"),
+    _e(
+        "aten.slice_scatter.default",
+        ANY,
+        "same",
+        "x with x[start:end:step] along dim replaced by src",
+    ),
     _e("aten.select.int", ANY, "index", "x[index] along dim, dim removed"),
     _e("aten.select_scatter.default", ANY, "same", "x with x[index] along dim replaced by src"),
     _e("aten.index.Tensor", ANY, "index", "advanced indexing by index tensors"),
@@ -198,49 +240,160 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.scatter.value", ANY, "same", "x with x[index] = value along dim"),
     _e("aten.scatter_add.default", NUMERIC, "same", "x with x[index] += src along dim"),
     _e("aten.embedding.default", ANY, "index", "weight[indices]"),
-    _e("aten.embedding_dense_backward.default", FLOAT, "index", "scatter-add grad rows into a zero weight"),
+    _e(
+        "aten.embedding_dense_backward.default",
+        FLOAT,
+        "index",
+        "scatter-add grad rows into a zero weight",
+    ),
     _e("aten.constant_pad_nd.default", ANY, "view", "pad with a constant"),
     _e("aten.tril.default", ANY, "same", "zero above the diagonal"),
     _e("aten.triu.default", ANY, "same", "zero below the diagonal"),
+    # dynamic shapes
+    _e(
+        "aten.sym_size.int",
+        ANY,
+        "scalar",
+        "the size of dim `dim` of x, symbolic when the dim is dynamic",
+    ),
+    _e("sym.add", ANY, "scalar", "a + b on sizes"),
+    _e("sym.sub", ANY, "scalar", "a - b on sizes"),
+    _e("sym.mul", ANY, "scalar", "a * b on sizes"),
+    _e("sym.floordiv", ANY, "scalar", "a // b on sizes"),
+    _e("sym.mod", ANY, "scalar", "a % b on sizes"),
     # creation
     _e("aten.full.default", ANY, "creation", "tensor of one value"),
     _e("aten.full_like.default", ANY, "same", "tensor of one value, shaped like x"),
     _e("aten.zeros_like.default", ANY, "same", "zeros shaped like x"),
     _e("aten.ones_like.default", ANY, "same", "ones shaped like x"),
     _e("aten.empty.memory_format", ANY, "creation", "uninitialised tensor (always overwritten)"),
-    _e("aten.empty_permuted.default", ANY, "creation", "uninitialised tensor with a dim order (always overwritten)"),
+    _e(
+        "aten.empty_permuted.default",
+        ANY,
+        "creation",
+        "uninitialised tensor with a dim order (always overwritten)",
+    ),
     _e("aten.arange.start_step", ANY, "creation", "start, start+step, ... < end"),
     _e("aten.scalar_tensor.default", ANY, "creation", "0-d tensor of a value"),
     _e("aten.lift_fresh_copy.default", ANY, "same", "copy of a constant"),
     # convolution, pooling, batch norm
-    _e("aten.convolution.default", FLOAT, "conv", "N-d convolution with stride, padding, dilation, groups"),
-    _e("aten.convolution_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of convolution"),
+    _e(
+        "aten.convolution.default",
+        FLOAT,
+        "conv",
+        "N-d convolution with stride, padding, dilation, groups",
+    ),
+    _e(
+        "aten.convolution_backward.default",
+        FLOAT,
+        "tuple",
+        "(grad_input, grad_weight, grad_bias) of convolution",
+    ),
     _e("aten.max_pool2d_with_indices.default", FLOAT, "pool", "(max, argmax) over 2-d windows"),
-    _e("aten.max_pool2d_with_indices_backward.default", FLOAT, "same", "route grad to each window's argmax"),
+    _e(
+        "aten.max_pool2d_with_indices_backward.default",
+        FLOAT,
+        "same",
+        "route grad to each window's argmax",
+    ),
     _e("aten.avg_pool2d.default", FLOAT, "pool", "mean over 2-d windows"),
     _e("aten.avg_pool2d_backward.default", FLOAT, "same", "spread grad evenly over each window"),
     _e("aten._adaptive_avg_pool2d.default", FLOAT, "pool", "mean over adaptive 2-d windows"),
-    _e("aten._adaptive_avg_pool2d_backward.default", FLOAT, "same", "backward of adaptive average pooling"),
-    _e("aten._native_batch_norm_legit_no_training.default", FLOAT, "tuple", "batch norm with running statistics"),
-    _e("aten._native_batch_norm_legit_functional.default", FLOAT, "tuple", "batch norm with batch statistics; returns updated running stats"),
-    _e("aten.native_batch_norm_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of batch norm"),
+    _e(
+        "aten._adaptive_avg_pool2d_backward.default",
+        FLOAT,
+        "same",
+        "backward of adaptive average pooling",
+    ),
+    _e(
+        "aten._native_batch_norm_legit_no_training.default",
+        FLOAT,
+        "tuple",
+        "batch norm with running statistics",
+    ),
+    _e(
+        "aten._native_batch_norm_legit_functional.default",
+        FLOAT,
+        "tuple",
+        "batch norm with batch statistics; returns updated running stats",
+    ),
+    _e(
+        "aten.native_batch_norm_backward.default",
+        FLOAT,
+        "tuple",
+        "(grad_input, grad_weight, grad_bias) of batch norm",
+    ),
     _e("aten.native_layer_norm.default", FLOAT, "tuple", "(y, mean, rstd) of layer norm"),
-    _e("aten.native_layer_norm_backward.default", FLOAT, "tuple", "(grad_input, grad_weight, grad_bias) of layer norm"),
+    _e(
+        "aten.native_layer_norm_backward.default",
+        FLOAT,
+        "tuple",
+        "(grad_input, grad_weight, grad_bias) of layer norm",
+    ),
 )
 
 _PORTABLE: tuple[OpDef, ...] = (
-    _e("portable.attention.default", FLOAT, "same",
-       "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads repeat for GQA"),
-    _e("portable.attention_backward.default", FLOAT, "tuple", "(dq, dk, dv) of attention, recomputing the probabilities"),
-    _e("portable.rms_norm.default", FLOAT, "norm", "x * rsqrt(mean(x^2) + eps) * weight over the normalized dims"),
-    _e("portable.rms_norm_backward.default", FLOAT, "tuple", "(dx, dweight) of rms_norm (dweight zeros without weight)"),
-    _e("portable.layer_norm.default", FLOAT, "norm", "(x - mean) * rsqrt(var + eps) * weight + bias over the normalized dims"),
-    _e("portable.mx_quantize.default", FLOAT, "mx", "OCP MX block quantization: (element codes, E8M0 scale bytes)"),
+    _e(
+        "portable.attention.default",
+        FLOAT,
+        "same",
+        "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads repeat for GQA",
+    ),
+    _e(
+        "portable.attention_backward.default",
+        FLOAT,
+        "tuple",
+        "(dq, dk, dv) of attention, recomputing the probabilities",
+    ),
+    _e(
+        "portable.rms_norm.default",
+        FLOAT,
+        "norm",
+        "x * rsqrt(mean(x^2) + eps) * weight over the normalized dims",
+    ),
+    _e(
+        "portable.rms_norm_backward.default",
+        FLOAT,
+        "tuple",
+        "(dx, dweight) of rms_norm (dweight zeros without weight)",
+    ),
+    _e(
+        "portable.layer_norm.default",
+        FLOAT,
+        "norm",
+        "(x - mean) * rsqrt(var + eps) * weight + bias over the normalized dims",
+    ),
+    _e(
+        "portable.mx_quantize.default",
+        FLOAT,
+        "mx",
+        "OCP MX block quantization: (element codes, E8M0 scale bytes)",
+    ),
     _e("portable.mx_dequantize.default", UINT8, "mx", "codes * 2^(scale - 127) in dtype"),
-    _e("portable.all_reduce.default", NUMERIC, "collective", "reduce across the axis's group; every rank gets the result"),
-    _e("portable.all_gather.default", ANY, "collective", "concatenate every rank's tensor along dim"),
-    _e("portable.reduce_scatter.default", NUMERIC, "collective", "reduce across the group, each rank keeps its slice along dim"),
-    _e("portable.all_to_all.default", ANY, "collective", "split along split_dim, exchange, concatenate along concat_dim"),
+    _e(
+        "portable.all_reduce.default",
+        NUMERIC,
+        "collective",
+        "reduce across the axis's group; every rank gets the result",
+    ),
+    _e(
+        "portable.all_gather.default",
+        ANY,
+        "collective",
+        "concatenate every rank's tensor along dim",
+    ),
+    _e(
+        "portable.reduce_scatter.default",
+        NUMERIC,
+        "collective",
+        "reduce across the group, each rank keeps its slice along dim",
+    ),
+    _e(
+        "portable.all_to_all.default",
+        ANY,
+        "collective",
+        "split along split_dim, exchange, concatenate along concat_dim",
+    ),
     _e("portable.wait.default", ANY, "same", "the completed value of an asynchronous collective"),
 )
 
@@ -261,7 +414,10 @@ def opset_table() -> dict[str, OpDef]:
 
 
 def op_name(target) -> str:
-    """`aten.add.Tensor` for torch.ops.aten.add.Tensor; the qualified name for other callables."""
+    """`aten.add.Tensor` for torch.ops.aten.add.Tensor, `sym.mul` for operator.mul on sizes; the
+    qualified name for other callables."""
+    if target in _SYMBOLIC_NAMES:
+        return _SYMBOLIC_NAMES[target]
     if isinstance(target, torch._ops.OpOverload):
         ns, rest = target.name().split("::", 1)
         op, _, overload = rest.partition(".")
@@ -271,6 +427,8 @@ def op_name(target) -> str:
 
 def lookup(target) -> OpDef | None:
     """The opset entry for a node target, or None if the op is not in the opset."""
+    if target in _SYMBOLIC_NAMES:
+        return opset_table()[_SYMBOLIC_NAMES[target]]
     if not isinstance(target, torch._ops.OpOverload):
         return None
     return opset_table().get(op_name(target))

@@ -56,40 +56,74 @@ class ParityReport:
         out = []
         for backend in dict.fromkeys(r.backend for r in self.rows):
             rows = [r for r in self.rows if r.backend == backend]
-            out.append((backend, len(rows), max(r.max_abs for r in rows),
-                        max(r.max_rel for r in rows), all(r.ok for r in rows)))
+            out.append(
+                (
+                    backend,
+                    len(rows),
+                    max(r.max_abs for r in rows),
+                    max(r.max_rel for r in rows),
+                    all(r.ok for r in rows),
+                )
+            )
         return out
 
     def format(self, *, all_rows: bool = False) -> str:
-        head = (f"parity of {self.program} ({self.kind}, {self.steps} step(s)) vs {self.reference}, "
-                f"rtol={self.rtol:g} atol={self.atol:g}")
+        head = (
+            f"parity of {self.program} ({self.kind}, {self.steps} step(s)) vs {self.reference}, "
+            f"rtol={self.rtol:g} atol={self.atol:g}"
+        )
         lines = [head, f"  {'backend':<14}{'compared':>9}{'max abs':>12}{'max rel':>12}  result"]
         for backend, n, mabs, mrel, ok in self.summary():
-            lines.append(f"  {backend:<14}{n:>9}{mabs:>12.3e}{mrel:>12.3e}  {'ok' if ok else 'MISMATCH'}")
+            lines.append(
+                f"  {backend:<14}{n:>9}{mabs:>12.3e}{mrel:>12.3e}  {'ok' if ok else 'MISMATCH'}"
+            )
+        if any(r.backend == "eager" for r in self.rows):
+            lines.append(
+                f"  (eager: the model run by eager PyTorch, compared with {self.reference})"
+            )
         for backend, why in self.skipped:
             lines.append(f"  {backend:<14}{'-':>9}{'-':>12}{'-':>12}  not run: {why}")
         shown = self.rows if all_rows else self.mismatches()
         for r in shown:
-            where = f" first mismatch at {list(r.first_mismatch)}" if r.first_mismatch is not None else ""
-            lines.append(f"    {r.backend} {r.quantity}: max abs {r.max_abs:.3e}, max rel {r.max_rel:.3e}"
-                         f"{where}{' ' + r.note if r.note else ''}")
+            where = (
+                f" first mismatch at {list(r.first_mismatch)}"
+                if r.first_mismatch is not None
+                else ""
+            )
+            lines.append(
+                f"    {r.backend} {r.quantity}: max abs {r.max_abs:.3e}, max rel {r.max_rel:.3e}"
+                f"{where}{' ' + r.note if r.note else ''}"
+            )
         return "\n".join(lines)
 
     def to_json(self) -> dict[str, Any]:
         return {
-            "program": self.program, "kind": self.kind, "reference": self.reference,
-            "rtol": self.rtol, "atol": self.atol, "steps": self.steps, "ok": self.ok,
+            "program": self.program,
+            "kind": self.kind,
+            "reference": self.reference,
+            "rtol": self.rtol,
+            "atol": self.atol,
+            "steps": self.steps,
+            "ok": self.ok,
             "rows": [r.to_json() for r in self.rows],
             "skipped": [{"backend": b, "why": w} for b, w in self.skipped],
         }
 
 
-def compare(backend: str, quantity: str, got: torch.Tensor, want: torch.Tensor,
-            rtol: float, atol: float) -> ParityRow:
+def compare(
+    backend: str, quantity: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
+) -> ParityRow:
     """One row: elementwise |got - want| <= atol + rtol * |want| (NaN matches NaN)."""
     if got.shape != want.shape or got.dtype != want.dtype:
-        return ParityRow(backend, quantity, float("inf"), float("inf"), None, False,
-                         f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}")
+        return ParityRow(
+            backend,
+            quantity,
+            float("inf"),
+            float("inf"),
+            None,
+            False,
+            f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}",
+        )
     if not (want.is_floating_point() or want.is_complex()):
         equal = got == want
         diff = (got.double() - want.double()).abs() if got.numel() else torch.zeros(0)
@@ -104,23 +138,29 @@ def compare(backend: str, quantity: str, got: torch.Tensor, want: torch.Tensor,
     first = None
     if not bool(equal.all()):
         flat = int((~equal).flatten().nonzero()[0])
-        first = tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), want.shape)) if want.dim() else ()
+        first = (
+            tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), want.shape))
+            if want.dim()
+            else ()
+        )
     max_abs = float(diff.max()) if diff.numel() else 0.0
     max_rel = float(rel.max()) if rel.numel() else 0.0
     return ParityRow(backend, quantity, max_abs, max_rel, first, first is None)
 
 
-def _as_program(model_or_program, inputs) -> tuple[Program, tuple]:
+def _as_program(model_or_program, inputs) -> tuple[Program, tuple, torch.nn.Module | None]:
+    """The program, its inputs, and the eager model to compare with (when there is one)."""
     if isinstance(model_or_program, Program):
-        return model_or_program, tuple(inputs)
+        return model_or_program, tuple(inputs), None
     from ..capture import capture, capture_spec, spec_of
 
     spec = spec_of(model_or_program)
     if spec is not None:
-        program = capture_spec(spec)
-        return program, tuple(inputs) if inputs is not None else spec.inputs()
+        model = spec.build()
+        program = capture_spec(spec, model=model)
+        return program, tuple(inputs) if inputs is not None else spec.inputs(), model
     if isinstance(model_or_program, torch.nn.Module):
-        return capture(model_or_program, tuple(inputs)), tuple(inputs)
+        return capture(model_or_program, tuple(inputs)), tuple(inputs), model_or_program
     raise CaptureError(
         f"assert_parity takes a Program, an nn.Module or a @portable model, got {type(model_or_program).__name__}",
         fix="capture it first with portable.capture(...)",
@@ -155,39 +195,79 @@ def check_parity(
     steps: int = 1,
     reference: str = "cpu",
     skip_unavailable: bool = False,
+    eager_model: torch.nn.Module | None = None,
+    loss_fn=None,
 ) -> ParityReport:
     """Compare each backend against `reference`. Backends that cannot run on this machine raise
-    BackendError, or are listed in `report.skipped` with `skip_unavailable=True`."""
+    BackendError, or are listed in `report.skipped` with `skip_unavailable=True`.
+
+    With `eager_model` (and `loss_fn` for a training step) the reference itself is also compared
+    with eager PyTorch, as the row `eager`."""
     from ..backends import Target, get_backend
 
-    program, inputs = _as_program(model_or_program, inputs)
+    program, inputs, model = _as_program(model_or_program, inputs)
+    eager_model = eager_model if eager_model is not None else model
     want = _run(program, reference, inputs, steps)
     rows, skipped = [], []
+    if eager_model is not None:
+        from .eager import eager_results
+
+        eager = eager_results(program, eager_model, inputs, loss_fn=loss_fn, steps=steps)
+        rows += [compare("eager", k, want[k], eager[k], rtol, atol) for k in want if k in eager]
     for backend in backends:
         if backend == reference:
             continue
         ok, why = get_backend(Target.parse(backend).backend).can_execute_here()
         if not ok:
             if not skip_unavailable:
-                raise BackendError(f"backend {backend} cannot run here: {why}",
-                                   fix="drop it from backends=[...] or run on a machine that has it")
+                raise BackendError(
+                    f"backend {backend} cannot run here: {why}",
+                    fix="drop it from backends=[...] or run on a machine that has it",
+                )
             skipped.append((backend, why))
             continue
         got = _run(program, backend, inputs, steps)
         rows += [compare(backend, k, got[k], want[k], rtol, atol) for k in want]
-    if not rows and not skipped:  # only the reference was asked for: compare it with itself
+    if list(backends) == [reference]:
+        # only the reference was asked for: compare it with itself (determinism)
         got = _run(program, reference, inputs, steps)
-        rows = [compare(reference, k, got[k], want[k], rtol, atol) for k in want]
-    return ParityReport(program.name, program.kind.value, reference, rtol, atol,
-                        steps if program.kind is ProgramKind.TRAINING_STEP else 1,
-                        tuple(rows), tuple(skipped))
+        rows += [compare(reference, k, got[k], want[k], rtol, atol) for k in want]
+    return ParityReport(
+        program.name,
+        program.kind.value,
+        reference,
+        rtol,
+        atol,
+        steps if program.kind is ProgramKind.TRAINING_STEP else 1,
+        tuple(rows),
+        tuple(skipped),
+    )
 
 
-def assert_parity(model_or_program, inputs=None, *, backends: Sequence[str], rtol: float = 1e-5,
-                  atol: float = 1e-6, steps: int = 1, reference: str = "cpu") -> ParityReport:
+def assert_parity(
+    model_or_program,
+    inputs=None,
+    *,
+    backends: Sequence[str],
+    rtol: float = 1e-5,
+    atol: float = 1e-6,
+    steps: int = 1,
+    reference: str = "cpu",
+    eager_model: torch.nn.Module | None = None,
+    loss_fn=None,
+) -> ParityReport:
     """check_parity, raising AssertionError with the readable report on any mismatch."""
-    report = check_parity(model_or_program, inputs, backends=backends, rtol=rtol, atol=atol,
-                          steps=steps, reference=reference)
+    report = check_parity(
+        model_or_program,
+        inputs,
+        backends=backends,
+        rtol=rtol,
+        atol=atol,
+        steps=steps,
+        reference=reference,
+        eager_model=eager_model,
+        loss_fn=loss_fn,
+    )
     if not report.ok:
         raise AssertionError(report.format())
     return report

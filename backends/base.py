@@ -2,7 +2,8 @@
 
     lower(program, target) -> Lowered        inspectable text / protos, no execution
     compile(lowered, out_dir) -> Compiled    writes artifacts under out_dir (if given)
-    executable(compiled) -> Executable       runs here, or BackendError naming where it can run
+    executable(compiled) -> Executable       loads it here (BackendError if it cannot run here)
+    run(executable, *inputs)                 one call
 
 A backend declares what it supports in `Capabilities`; tests check the claims against what really
 runs. Heavy imports (jax, triton, onnx) happen inside the backend's methods, never at import time.
@@ -84,6 +85,10 @@ class Backend(abc.ABC):
 
     @abc.abstractmethod
     def executable(self, compiled: Compiled) -> Executable: ...
+
+    def run(self, executable: Executable, *inputs):
+        """Run one call (inference outputs, or one training step's StepResult)."""
+        return executable(*inputs)
 
     # shared checks --------------------------------------------------------------------------
 

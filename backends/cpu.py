@@ -6,7 +6,6 @@ writes the program's stable text form. Every opset op with a CPU kernel is suppo
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 
 import torch
@@ -14,6 +13,7 @@ import torch
 from portable.ir.program import Program, ProgramKind
 from portable.opset import opset_table
 from portable.runtime import Executable
+from portable.torch_compat import copy_graph_module
 
 from .base import Backend, Capabilities, Compiled, Lowered, Target
 
@@ -43,7 +43,7 @@ class CpuBackend(Backend):
 
     def executable(self, compiled: Compiled) -> Executable:
         program = compiled.lowered.program
-        gm = copy.deepcopy(program.graph_module)
+        gm = copy_graph_module(program.graph_module)
 
         def run(flat):
             with torch.no_grad():

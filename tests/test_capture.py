@@ -8,7 +8,7 @@ import torch
 
 import portable
 from portable import InputKind, OutputKind, ProgramKind
-from portable.optim import SGD, AdamW
+from portable.optim import SGD, AdamW, to_torch
 
 EXAMPLES = ["mlp", "gpt", "llama", "cnn", "moe"]
 
@@ -25,21 +25,6 @@ def test_inference_roundtrip_bit_identical(stem, example_spec, tmp_path):
         want = model(*inputs)
     got = portable.compile(loaded, backend="cpu")(*inputs)
     assert got.dtype == want.dtype and torch.equal(got, want)
-
-
-def _torch_optimizer(opt, params):
-    if isinstance(opt, SGD):
-        return torch.optim.SGD(
-            params,
-            lr=opt.lr,
-            momentum=opt.momentum,
-            dampening=opt.dampening,
-            weight_decay=opt.weight_decay,
-            nesterov=opt.nesterov,
-        )
-    return torch.optim.AdamW(
-        params, lr=opt.lr, betas=opt.betas, eps=opt.eps, weight_decay=opt.weight_decay
-    )
 
 
 OPTIMIZERS = {
@@ -69,7 +54,7 @@ def test_training_steps_match_eager_loop(stem, opt_name, example_spec):
     step = portable.compile(program, backend="cpu")
 
     model = spec.build().train()
-    eager_opt = _torch_optimizer(opt, model.parameters())
+    eager_opt = to_torch(opt, model.parameters())
     for i in range(3):
         eager_opt.zero_grad()
         loss = spec.loss_fn(model, *batch)

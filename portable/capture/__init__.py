@@ -24,6 +24,7 @@ from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
 from ..ir.source import from_fx_meta
 from ..optim import as_optimizer
+from ..torch_compat import quiet_internal_warnings
 from .build import annotate, to_program
 from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
@@ -76,6 +77,16 @@ def capture(
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     name = name or type(model).__name__
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
+    with quiet_internal_warnings():
+        program = _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options)
+    if plan is not None:
+        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
+        program.plan = plan
+    _verify(program)
+    return program
+
+
+def _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options) -> Program:
     if loss_fn is None:
         if optimizer is not None:
             raise CaptureError(
@@ -93,10 +104,6 @@ def capture(
         with _mode(model, training=True):
             program = _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options)
             program = add_optimizer(program, opt)
-    if plan is not None:
-        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
-        program.plan = plan
-    _verify(program)
     return program
 
 

@@ -20,6 +20,7 @@ from typing import Any
 import torch
 import torch.fx
 
+from ..torch_compat import copy_graph_module
 from .plan import Plan
 from .signature import InputKind, Signature
 
@@ -74,7 +75,7 @@ class Program:
         """A copy with some fields changed (graphs are deep-copied, weights shared)."""
         fields = {
             "kind": self.kind,
-            "graph_module": copy.deepcopy(self.graph_module),
+            "graph_module": copy_graph_module(self.graph_module),
             "signature": self.signature,
             "weights": dict(self.weights),
             "plan": self.plan,

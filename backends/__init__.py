@@ -15,7 +15,11 @@ __all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Target", "get_back
 registry: Registry[type[Backend]] = Registry(
     "backend",
     "portable.backends",
-    {"cpu": "portable.backends.cpu:CpuBackend"},
+    {
+        "cpu": "portable.backends.cpu:CpuBackend",
+        "xla": "portable.backends.xla:XlaBackend",
+        "neuron": "portable.backends.neuron:NeuronBackend",
+    },
 )
 
 

@@ -91,12 +91,13 @@ def table(results: dict[str, dict[str, float]]) -> str:
     return "\n".join(lines)
 
 
-def write(path: Path, text: str) -> None:
+def write(path: Path, text: str, mark: str = MARK) -> None:
+    """Replace the block between two `mark` lines of `path` with `text` (append it if absent)."""
     doc = path.read_text() if path.exists() else "# Performance\n"
-    block = f"{MARK}\n{text}\n{MARK}"
-    if MARK in doc:
-        head, _, rest = doc.partition(MARK)
-        _, _, tail = rest.partition(MARK)
+    block = f"{mark}\n{text}\n{mark}"
+    if mark in doc:
+        head, _, rest = doc.partition(mark)
+        _, _, tail = rest.partition(mark)
         doc = head + block + tail
     else:
         doc += "\n" + block + "\n"

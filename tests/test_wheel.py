@@ -58,13 +58,13 @@ def test_wheel_layout(wheel):
         "portable/backends/cpu.py",
         "portable/passes/__init__.py",
         "portable/passes/dce.py",
-        "portable/cli/main.py",
+        "portable/cli/app.py",
         "portable/opset/table.py",
     ):
         assert module in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     text = zipfile.ZipFile(wheel).read(entry_points).decode()
-    assert "portable = portable.cli.main:main" in text and "[pytest11]" in text
+    assert "portable = portable.cli.app:main" in text and "[pytest11]" in text
 
 
 def test_wheel_imports_every_subpackage_outside_the_repo(wheel, tmp_path):

@@ -6,7 +6,7 @@ import enum
 
 from ..errors import BackendError, PortableError
 
-__all__ = ["ExitCode", "OutputConflictError", "exit_code_for"]
+__all__ = ["CompilerMissingError", "ExitCode", "OutputConflictError", "exit_code_for"]
 
 
 class ExitCode(enum.IntEnum):
@@ -17,6 +17,9 @@ class ExitCode(enum.IntEnum):
     #                 or an OSError reading or writing files
     BACKEND_ERROR = 4  # a backend cannot lower or compile the program
     OUTPUT_CONFLICT = 5  # --out exists and holds foreign content, or needs --force
+    CHECK_FINDINGS = 6  # `portable check` found problems in the artifacts
+    COMPILER_MISSING = 7  # --compile, and neuronx-cc is not on PATH (nothing was written)
+    COMPILE_FAILED = 8  # --compile: neuronx-cc failed on a program; the output was still written
     INTERNAL_ERROR = 70  # a bug (unexpected exception); the traceback is printed
 
 
@@ -28,6 +31,9 @@ EPILOG = """exit codes:
       or a file that cannot be read or written (`error: ...` on stderr)
   4   a backend cannot lower or compile the program
   5   output directory conflict (foreign content, or an earlier output without --force)
+  6   `portable check` found problems
+  7   --compile, but neuronx-cc is not on PATH (checked before capture; nothing written)
+  8   --compile: neuronx-cc failed on a program (the output and its logs were still written)
   70  internal error (a bug; the traceback is printed)"""
 
 
@@ -35,10 +41,16 @@ class OutputConflictError(PortableError):
     """`--out` names a path that holds foreign content, or an earlier output without --force."""
 
 
+class CompilerMissingError(PortableError):
+    """`--compile` was asked for, and the compiler it needs is not installed here."""
+
+
 def exit_code_for(exc: BaseException) -> ExitCode:
     """The exit code for an exception that reached the top of a command."""
     if isinstance(exc, OutputConflictError):
         return ExitCode.OUTPUT_CONFLICT
+    if isinstance(exc, CompilerMissingError):
+        return ExitCode.COMPILER_MISSING
     if isinstance(exc, BackendError):
         return ExitCode.BACKEND_ERROR
     if isinstance(exc, (PortableError, OSError)):

@@ -1,7 +1,8 @@
 """`portable lower SPEC --target T ... --out DIR`: capture (or load), apply passes, save, lower.
 
 Stages: capture/load -> passes -> save `DIR/program.portable` -> lower each target into
-`DIR/<target with ':' -> '_'>/` -> optional parity against cpu -> `DIR/manifest.json`. Everything is
+`DIR/<target with ':' -> '_'>/` -> with `--compile`, neuronx-cc on the neuron targets
+(compiling.py) -> optional parity against cpu -> `DIR/manifest.json`. Everything is
 written into a temporary directory beside DIR and renamed into place at the end (output.py), so a
 failure at any stage leaves DIR as it was. Targets and passes are checked before capture starts.
 """
@@ -12,6 +13,7 @@ import argparse
 import datetime
 import json
 import re
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +21,7 @@ from .. import __version__
 from ..api import lower as lower_program
 from ..backends import Target, get_backend, registry
 from ..ir.program import Program
+from .compiling import COMPILED_BACKENDS, CompileOutcome, compile_targets, require_compiler
 from .exit_codes import EPILOG, ExitCode
 from .load_spec import Source, resolve
 from .manifest import FORMAT, FORMAT_VERSION, file_records, toolchain, write_manifest
@@ -78,6 +81,18 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--rtol", type=float, default=None, help="parity relative tolerance")
     p.add_argument("--atol", type=float, default=None, help="parity absolute tolerance")
     p.add_argument(
+        "--compile",
+        action="store_true",
+        help="run neuronx-cc on the neuron targets' programs (needs it on PATH; exit 7 if not)",
+    )
+    p.add_argument(
+        "--compile-jobs",
+        type=_positive_int,
+        default=None,
+        metavar="N",
+        help="compilers run at once with --compile (default: one per program, at most one per CPU)",
+    )
+    p.add_argument(
         "--force", action="store_true", help="replace an earlier `portable lower` output in DIR"
     )
     p.add_argument(
@@ -96,9 +111,11 @@ def target_dir(target: Target) -> str:
 def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args.target)
     passes = _parse_passes(args.passes)
+    compiler = require_compiler(targets) if args.compile else None
     check_destination(args.out, force=args.force)  # fail before a long capture, again at commit
     source = resolve(args.spec)
-    total = 2 + bool(passes) + len(targets) + bool(args.parity)
+    to_compile = [t for t in targets if t.backend in COMPILED_BACKENDS] if compiler else []
+    total = 2 + bool(passes) + len(targets) + len(to_compile) + bool(args.parity)
     progress = Progress(total, enabled=not (args.quiet or args.json))
     with staging(args.out, force=args.force) as tmp:
         verb = "loading" if source.archive is not None else "capturing"
@@ -110,6 +127,11 @@ def run(args: argparse.Namespace) -> int:
         with progress.stage("save", f"saving {ARCHIVE}"):
             program.save(tmp / ARCHIVE)
         lowered = [_lower_one(program, t, tmp, progress) for t in targets]
+        compiled = None
+        if compiler is not None:
+            compiled = compile_targets(
+                lowered, targets, tmp, args.out, progress, version=compiler, jobs=args.compile_jobs
+            )
         parity = None
         if args.parity:
             with progress.stage("parity", "checking parity against cpu"):
@@ -117,8 +139,17 @@ def run(args: argparse.Namespace) -> int:
         manifest = _manifest(args, source, program, tmp, applied, lowered, parity, progress)
         write_manifest(tmp, manifest)
     code = ExitCode.OK if parity is None or parity.ok else ExitCode.PARITY_MISMATCH
-    _print_result(args, manifest, parity, code)
+    if compiled is not None and not compiled.ok:
+        code = ExitCode.COMPILE_FAILED
+    _print_result(args, manifest, parity, code, compiled)
     return code
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def parse_targets(texts: list[str]) -> list[Target]:
@@ -162,6 +193,7 @@ def _lower_one(program: Program, target: Target, root: Path, progress: Progress)
         "can_execute_here": ok,
         "reason": why or None,
         "files": file_records(root, folder),
+        "compile": None,  # lower --compile: compiling.py
     }
 
 
@@ -201,11 +233,24 @@ def _manifest(
     }
 
 
+_STATUS = {
+    ExitCode.OK: "ok",
+    ExitCode.PARITY_MISMATCH: "parity_mismatch",
+    ExitCode.COMPILE_FAILED: "compile_failed",
+}
+
+
 def _print_result(
-    args: argparse.Namespace, manifest: dict[str, Any], parity: ParityOutcome | None, code: int
+    args: argparse.Namespace,
+    manifest: dict[str, Any],
+    parity: ParityOutcome | None,
+    code: int,
+    compiled: CompileOutcome | None,
 ) -> None:
+    for error in compiled.errors if compiled is not None else []:
+        print(f"error: {error}", file=sys.stderr)
     if args.json:
-        status = "ok" if code == ExitCode.OK else "parity_mismatch"
+        status = _STATUS[ExitCode(code)]
         doc = {
             "status": status,
             "exit_code": int(code),
@@ -224,5 +269,10 @@ def _print_result(
     ]:
         size = sum(f["size"] for f in files)
         print(f"  {name:<20} {len(files)} file(s), {format_bytes(size)}")
+    for target in manifest["targets"]:
+        if target.get("compile"):
+            programs = target["compile"]["programs"]
+            passed = sum(p["status"] == "pass" for p in programs)
+            print(f"  compiled {target['target']}: {passed}/{len(programs)} program(s) passed")
     if parity is not None:
         print(parity.text, end="")

@@ -16,7 +16,7 @@ import traceback
 
 from .. import __version__
 from ..errors import PortableError
-from . import inspection, listing, lower
+from . import check, inspection, listing, lower
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 
 __all__ = ["build_parser", "main"]
@@ -43,6 +43,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     lower.add_parser(sub, [common])
     inspection.add_parser(sub, [common])
+    check.add_parser(sub, [common])
     listing.add_parsers(sub, [common])
     return parser
 
@@ -76,7 +77,3 @@ def _fail(args: argparse.Namespace, exc: Exception, code: ExitCode) -> int:
         error = {"type": type(exc).__name__, "message": message}
         print(json.dumps({"status": "error", "exit_code": int(code), "error": error}, indent=2))
     return int(code)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

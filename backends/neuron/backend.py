@@ -1,0 +1,139 @@
+"""`neuron`: programs lowered for AWS Trainium (trn3 by default, trn2, trn1), written offline.
+
+lower -> fp64 downcast (optional) -> JAX rules (platform "neuron") -> tuple-rooted HloModuleProto
+      -> read back and parsed -> memory estimate -> offline validator (errors raise) -> io spec,
+      neuronx-cc argv
+compile(lowered, out_dir) -> the layout of layout.py and manifest.json
+executable -> BackendError: NeuronCores are not here; the artifacts are compiled and run on a
+Trn host (`scripts/compile.sh`, docs/backends/neuron.md).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+from portable.errors import BackendError
+from portable.ir.program import Program, ProgramKind
+from portable.ir.source import source_of
+from portable.runtime import Executable
+
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from .findings import Finding, Severity, merge
+from .options import NeuronOptions
+from .targets import DEFAULT_VARIANT, TARGETS, resolve_target
+
+__all__ = ["NeuronBackend"]
+
+_NOT_HERE = "neuron programs run on Trainium (NeuronCores); this machine has none"
+
+
+class NeuronBackend(Backend):
+    name = "neuron"
+    platform = "neuron"
+
+    def __init__(self, options: NeuronOptions | None = None) -> None:
+        self.options = options or NeuronOptions()
+
+    def capabilities(self) -> Capabilities:
+        from ..xla.rules import load_rules
+
+        return Capabilities(
+            ops=load_rules().names(self.platform),
+            program_kinds=frozenset(ProgramKind),
+            variants=tuple(TARGETS),
+        )
+
+    def can_execute_here(self) -> tuple[bool, str]:
+        return False, _NOT_HERE
+
+    def lower(self, program: Program, target: Target) -> Lowered:
+        from .artifact import NeuronLowered, NeuronProgram, program_key
+        from .command import neuronx_cc_argv
+        from .emit import lower_to_hlo
+        from .fp64 import downcast_fp64
+        from .hlo import parse_hlo_text, proto_to_text
+        from .iospec import io_spec
+        from .memory import estimate_memory
+        from .validate import check_findings, validate
+
+        self.check_program(program, target)
+        ntarget = resolve_target(target.variant)
+        lowered_program, notes = program, []
+        if self.options.fp64 == "downcast":
+            lowered_program, changed = downcast_fp64(program)
+            notes = _fp64_findings(lowered_program, changed)
+        hlo = lower_to_hlo(lowered_program, self.platform)
+        text = proto_to_text(hlo.proto)  # read back from the bytes that are written
+        module = parse_hlo_text(text)
+        kept = hlo.kept
+        memory = estimate_memory(lowered_program, module, ntarget, kept)
+        checked = validate(
+            module, ntarget, self.options, program=lowered_program, kept=kept, memory=memory
+        )
+        findings = merge(notes + checked)
+        check_findings(findings, program=program.name, target=f"neuron:{ntarget.name}")
+        record = NeuronProgram(
+            key=program_key(program),
+            program=lowered_program,
+            hlo=hlo.proto,
+            hlo_text=text,
+            stablehlo=hlo.stablehlo,
+            module=module,
+            argv=tuple(neuronx_cc_argv(ntarget, self.options, program.kind)),
+            io_spec=io_spec(lowered_program, module, kept),
+            memory=memory,
+            findings=tuple(findings),
+        )
+        texts = {"graph.hlo.txt": text, "graph.stablehlo.mlir": hlo.stablehlo}
+        payload = NeuronLowered(ntarget, self.options, (record,))
+        return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
+
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        """Write the artifacts under `out_dir` (nothing is compiled here: see scripts/compile.sh)."""
+        from .layout import write_layout
+        from .manifest import build_manifest
+
+        files: list[Path] = []
+        if out_dir is not None:
+            manifest = build_manifest(lowered.payload, lowered.program)
+            files = write_layout(Path(out_dir), lowered.payload, manifest)
+        return Compiled(lowered, files, payload=lowered.payload)
+
+    def executable(self, compiled: Compiled) -> Executable:
+        from .. import get_backend, registry
+
+        runnable = [
+            n for n in registry.names() if n != self.name and get_backend(n).can_execute_here()[0]
+        ]
+        target = compiled.lowered.target.variant or DEFAULT_VARIANT
+        raise BackendError(
+            "neuron programs run on Trainium; lowered artifacts are written, use "
+            f"`portable lower --target neuron:{target}`; backends that run here: "
+            + ", ".join(runnable),
+            fix="compile and run the written artifacts on a Trn host (scripts/compile.sh; "
+            "docs/backends/neuron.md)",
+        )
+
+
+def _fp64_findings(program: Program, changed: list[str]) -> list[Finding]:
+    """One warning per user source line (or module) whose nodes computed in float64."""
+    nodes = {n.name: n for n in program.graph.nodes}
+    groups: dict[tuple, list[str]] = defaultdict(list)
+    for name in changed:
+        src = source_of(nodes[name])
+        groups[(src.module, src.location()) if src else (None, None)].append(name)
+    return [
+        Finding(
+            Severity.WARNING,
+            "fp64-downcast",
+            "float64 computed as float32 (no NeuronCore computes in float64)",
+            "compute in float32 in the model, or lower with NeuronOptions(fp64='error') to "
+            "refuse float64",
+            node=names[0],
+            module=module,
+            source=location,
+            count=len(names),
+        )
+        for (module, location), names in groups.items()
+    ]

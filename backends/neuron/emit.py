@@ -1,0 +1,135 @@
+"""Program -> the HLO handed to neuronx-cc: a serialized HloModuleProto with a tuple root.
+
+The program is lowered by the shared JAX rules (`backends.xla.lowering.lower`, platform
+"neuron", state donated so parameters and optimizer state alias their outputs). The StableHLO is
+converted to HLO with `return_tuple=True` (JAX's own HLO has a bare root for one output; neuronx-cc
+wants a tuple). Python stack frames are left out of locations (traceback limit 0): they point at
+the lowering rules, not at the user's code, and would make the bytes depend on where `portable`
+is installed. What remains is deterministic: each instruction's metadata op_name
+`jit(fn)/<node name>/<primitive>`, which the validator maps back to the node and the user's line.
+
+jax.jit drops inputs the program never reads (batch-norm counters in eval mode, for instance)
+unless it is told to keep them; `HloArtifacts.kept` records which signature inputs are HLO
+parameters, and the io spec lists the others as unused.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+from portable.ir.program import Program
+
+__all__ = ["HloArtifacts", "lower_to_hlo"]
+
+
+@dataclasses.dataclass(frozen=True)
+class HloArtifacts:
+    proto: bytes  # serialized HloModuleProto: the compiler input (graph.hlo)
+    stablehlo: str  # StableHLO with named locations (graph.stablehlo.mlir, secondary)
+    kept: tuple[int, ...]  # signature input index of each HLO parameter, in parameter order
+
+
+def lower_to_hlo(program: Program, platform: str = "neuron") -> HloArtifacts:
+    """Lower `program` for `platform` and convert it to a tuple-rooted HloModuleProto."""
+    from jax._src import config as jax_config
+    from jax._src.interpreters import mlir
+    from jax._src.lib import xla_client
+
+    from ..xla.lowering import lower
+
+    with jax_config.traceback_in_locations_limit(0):
+        lowered = lower(program, platform, donate=True)
+        kept = _kept_inputs(lowered, len(program.signature.inputs))
+        module = lowered.compiler_ir("stablehlo")
+        _alias_as_signed(module, program, kept)
+        bytecode = mlir.module_to_bytecode(module)
+        stablehlo = mlir.module_to_string(module, enable_debug_info=True)
+    computation = xla_client._xla.mlir.mlir_module_to_xla_computation(
+        bytecode, use_tuple_args=False, return_tuple=True
+    )
+    proto = _drop_field(computation.as_serialized_hlo_module_proto(), _MODULE_ID)
+    return HloArtifacts(proto, stablehlo, kept)
+
+
+def _alias_as_signed(module, program: Program, kept: tuple[int, ...]) -> None:
+    """Make input_output_alias exactly the signature's aliasing (updated output k replaces the
+    input it names). jax.jit pairs each donated input with the first unclaimed output of the same
+    shape and dtype, which for scalars (the step counter) can be the loss."""
+    from jax._src.lib.mlir import ir
+
+    sig = program.signature
+    parameter = {sig.inputs[k].name: number for number, k in enumerate(kept)}
+    aliases = {
+        parameter[out.aliases]: index
+        for index, out in enumerate(sig.outputs)
+        if out.aliases in parameter
+    }
+    main = next(
+        op
+        for op in module.body.operations
+        if ir.StringAttr(op.attributes["sym_name"]).value == "main"
+    )
+    with module.context:
+        i32 = ir.IntegerType.get_signless(32)
+        attrs = []
+        for number, old in enumerate(ir.ArrayAttr(main.attributes["arg_attrs"])):
+            old = ir.DictAttr(old)
+            entries = {
+                old[i].name: old[i].attr
+                for i in range(len(old))
+                if old[i].name not in ("tf.aliasing_output", "jax.buffer_donor")
+            }
+            if number in aliases:
+                entries["tf.aliasing_output"] = ir.IntegerAttr.get(i32, aliases[number])
+            attrs.append(ir.DictAttr.get(entries))
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+
+
+def _kept_inputs(lowered, count: int) -> tuple[int, ...]:
+    """Inputs that are HLO parameters: jax.jit drops unused arguments (keep_unused=False) and
+    records which it kept; without that record every input is a parameter."""
+    lowering = getattr(lowered, "_lowering", None)
+    kept = getattr(lowering, "compile_args", {}).get("kept_var_idx")
+    return tuple(sorted(kept)) if kept is not None else tuple(range(count))
+
+
+# HloModuleProto field 5 is `int64 id`, drawn from a process-wide counter of modules created: the
+# only part of the proto that differs between two lowerings of the same program. Zero (absent) is
+# its default; nothing reads it.
+_MODULE_ID = 5
+
+
+def _drop_field(message: bytes, number: int) -> bytes:
+    """The protobuf `message` without its top-level fields numbered `number` (wire format)."""
+    out, i = bytearray(), 0
+    while i < len(message):
+        start = i
+        key, i = _varint(message, i)
+        wire = key & 7
+        if wire == 0:  # varint
+            _, i = _varint(message, i)
+        elif wire == 1:  # 64-bit
+            i += 8
+        elif wire == 2:  # length-delimited
+            size, i = _varint(message, i)
+            i += size
+        elif wire == 5:  # 32-bit
+            i += 4
+        else:
+            raise ValueError(f"unexpected protobuf wire type {wire} at byte {start}")
+        if key >> 3 != number:
+            out += message[start:i]
+    if i != len(message):
+        raise ValueError("truncated protobuf message")
+    return bytes(out)
+
+
+def _varint(data: bytes, i: int) -> tuple[int, int]:
+    value = shift = 0
+    while True:
+        byte = data[i]
+        i += 1
+        value |= (byte & 0x7F) << shift
+        if not byte & 0x80:
+            return value, i
+        shift += 7

@@ -1,0 +1,164 @@
+"""Per-core HBM estimate of one program, against the target's budget.
+
+    state        = weights (parameters) + buffers + constants + optimizer state   (signature kinds
+                   of the inputs that are HLO parameters)
+    inputs       = user inputs (the batch)
+    gradients    = parameter bytes for a training step (one gradient per parameter), else 0
+    activations  = peak of live intermediate bytes over the HLO entry computation in its printed
+                   (post-)order: each result is allocated where it is defined and freed after its
+                   last use; parameters (counted above), tuples, get-tuple-element, bitcast and
+                   reshape (views) allocate nothing, and results written into donated inputs
+                   (aliased outputs) reuse those inputs' bytes
+    total        = state + inputs + gradients + activations
+
+The activation peak ignores fusion and rematerialization, which only lower it, and includes the
+gradient temporaries that `gradients` counts again: the total is a conservative estimate, not
+a measurement (the real figure comes from the compiler and the device). `intermediates_bytes`
+(the sum of every intermediate result) is reported as the loose upper bound.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Sequence
+from typing import Any
+
+from portable.ir.program import Program, ProgramKind
+from portable.ir.signature import InputKind, TensorSpec
+
+from .hlo import HloModule
+from .targets import NeuronTarget
+
+__all__ = ["MemoryEstimate", "estimate_memory", "spec_bytes"]
+
+# results that name (part of) an existing buffer instead of allocating one
+_VIEWS = frozenset({"parameter", "tuple", "get-tuple-element", "bitcast", "reshape"})
+
+METHOD = (
+    "state and inputs from the signature; gradients = parameter bytes (training); activations = "
+    "peak live intermediate bytes in HLO program order, without fusion or rematerialization; "
+    "conservative (gradient temporaries are counted in both)"
+)
+
+
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    weights_bytes: int
+    buffers_bytes: int
+    constants_bytes: int
+    optimizer_state_bytes: int
+    inputs_bytes: int
+    gradients_bytes: int
+    activations_bytes: int
+    intermediates_bytes: int
+    budget_bytes: int
+    budget_basis: str
+
+    @property
+    def total_bytes(self) -> int:
+        return (
+            self.weights_bytes
+            + self.buffers_bytes
+            + self.constants_bytes
+            + self.optimizer_state_bytes
+            + self.inputs_bytes
+            + self.gradients_bytes
+            + self.activations_bytes
+        )
+
+    @property
+    def utilization(self) -> float:
+        return self.total_bytes / self.budget_bytes
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            **dataclasses.asdict(self),
+            "total_bytes": self.total_bytes,
+            "utilization": round(self.utilization, 6),
+            "method": METHOD,
+        }
+
+
+def spec_bytes(spec: TensorSpec) -> int:
+    itemsize = spec.dtype.itemsize
+    return math.prod(int(d) for d in spec.shape) * itemsize
+
+
+def estimate_memory(
+    program: Program,
+    module: HloModule,
+    target: NeuronTarget,
+    kept: Sequence[int] | None = None,
+) -> MemoryEstimate:
+    """The per-core HBM estimate of `program` lowered to `module` (see the module docstring).
+
+    `kept`: the signature inputs that are HLO parameters (default all); the others are never
+    passed to the device and take no HBM."""
+    inputs = program.signature.inputs
+    on_device = [inputs[k] for k in (range(len(inputs)) if kept is None else kept)]
+
+    def total(*kinds: InputKind) -> int:
+        return sum(spec_bytes(i.spec) for i in on_device if i.kind in kinds)
+
+    weights = total(InputKind.PARAMETER)
+    training = program.kind is ProgramKind.TRAINING_STEP
+    peak, intermediates = _activation_bytes(module)
+    return MemoryEstimate(
+        weights_bytes=weights,
+        buffers_bytes=total(InputKind.BUFFER),
+        constants_bytes=total(InputKind.CONSTANT),
+        optimizer_state_bytes=total(InputKind.OPTIMIZER_STATE),
+        inputs_bytes=total(InputKind.USER_INPUT),
+        gradients_bytes=weights if training else 0,
+        activations_bytes=peak,
+        intermediates_bytes=intermediates,
+        budget_bytes=target.hbm_per_core_bytes,
+        budget_basis=target.hbm_basis,
+    )
+
+
+def _activation_bytes(module: HloModule) -> tuple[int, int]:
+    """(peak live intermediate bytes, sum of intermediate bytes) of the entry computation."""
+    entry = module.entry.instructions
+    position = {ins.name: k for k, ins in enumerate(entry)}
+    donated = _donated_results(module)
+    # the buffers each value refers to: itself, or (for views) its operands' buffers
+    owners: dict[str, frozenset[str]] = {}
+    size: dict[str, int] = {}
+    for ins in entry:
+        if ins.opcode in _VIEWS:
+            owners[ins.name] = frozenset().union(
+                *(owners.get(o, frozenset()) for o in ins.operands)
+            )
+        else:
+            owners[ins.name] = frozenset({ins.name})
+            size[ins.name] = 0 if ins.name in donated else ins.nbytes
+    last_use = {name: position[name] for name in size}
+    for ins in entry:
+        for operand in ins.operands:
+            for buffer in owners.get(operand, ()):
+                last_use[buffer] = max(last_use[buffer], position[ins.name])
+    for buffer in owners.get(module.entry.root.name, ()):
+        last_use[buffer] = len(entry)  # results stay live to the end
+    frees: dict[int, list[str]] = {}
+    for buffer, k in last_use.items():
+        frees.setdefault(k, []).append(buffer)
+    live = peak = 0
+    for k, ins in enumerate(entry):
+        live += size.get(ins.name, 0)
+        peak = max(peak, live)
+        live -= sum(size[b] for b in frees.get(k, ()))
+    return peak, sum(size.values())
+
+
+def _donated_results(module: HloModule) -> set[str]:
+    """Instructions whose value is written into a donated (aliased) input buffer."""
+    root = module.entry.root
+    if root.opcode != "tuple":
+        return set()
+    result = set()
+    for alias in module.aliases:
+        if len(alias.output_index) == 1 and alias.output_index[0] < len(root.operands):
+            result.add(root.operands[alias.output_index[0]])
+    return result

@@ -1,0 +1,57 @@
+"""Options of the `neuron` backend: compiler flags and validator policy, checked on construction."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from portable.errors import BackendError
+
+__all__ = ["NeuronOptions"]
+
+_CHOICES = {
+    "fp64": ("downcast", "error"),
+    "model_type": ("transformer", "generic", "unet-inference"),
+    "auto_cast": ("none", "matmult", "all"),
+    "optlevel": (1, 2, 3),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class NeuronOptions:
+    """`fp64`: no NeuronCore computes in float64. "downcast" lowers every float64 value as
+    float32 and reports each one as a warning; "error" refuses the program.
+
+    `model_type`, `auto_cast`, `optlevel` become `--model-type`, `--auto-cast`, `-O<n>`.
+    `hbm_headroom` is the fraction of a core's HBM kept free: an estimate above
+    (1 - headroom) x budget is a warning, above the budget an error.
+    `max_instructions` is the HLO instruction count above which the graph-size warning fires.
+    `visible_cores` is the NEURON_RT_VISIBLE_CORES the manifest recommends.
+    """
+
+    fp64: str = "downcast"
+    model_type: str = "transformer"
+    auto_cast: str = "none"
+    optlevel: int = 1
+    hbm_headroom: float = 0.1
+    max_instructions: int = 150_000
+    visible_cores: str = "0"
+
+    def __post_init__(self) -> None:
+        for field, allowed in _CHOICES.items():
+            value = getattr(self, field)
+            if value not in allowed:
+                raise BackendError(
+                    f"neuron option {field}={value!r} is not one of "
+                    f"{', '.join(repr(a) for a in allowed)}",
+                    fix=f"pass {field}= one of those values",
+                )
+        if not 0.0 <= self.hbm_headroom < 1.0:
+            raise BackendError(
+                f"neuron option hbm_headroom={self.hbm_headroom} is outside [0, 1)",
+                fix="pass the fraction of HBM to keep free, e.g. 0.1",
+            )
+        if self.max_instructions <= 0:
+            raise BackendError(
+                f"neuron option max_instructions={self.max_instructions} must be positive",
+                fix="pass an instruction count, e.g. 150000",
+            )

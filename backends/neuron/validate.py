@@ -1,0 +1,611 @@
+"""Offline validator: what neuronx-cc would reject (or compute differently), found before compiling.
+
+Runs on the HLO module read back from the written proto, on every neuron lowering. Each check is a
+function `check(ctx) -> findings`; `CHECKS` lists them in order. Errors (dynamic shapes, opcodes
+or custom calls outside the allow-lists, `conditional`, `while` without a constant trip count,
+variadic reduce, non-default RNG, dilated windows, number formats the generation lacks, state
+that is not an aliased parameter, HBM over budget) stop the lowering; warnings (values the
+compiler downcasts or accumulates in FP32, graph size, HBM headroom) go into the manifest.
+The rules come from the Neuron contract (shared/reference/neuron.md, "What the compiler rejects").
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import re
+from collections.abc import Callable, Iterator, Sequence
+
+import torch
+
+from portable.ir.program import Program
+from portable.ir.signature import InputSpec, TensorSpec
+
+from .findings import Finding, Locator, NeuronValidationError, Severity, merge
+from .hlo import HloModule, Instruction
+from .memory import MemoryEstimate
+from .options import NeuronOptions
+from .targets import NeuronTarget
+
+__all__ = [
+    "ALLOWED_CUSTOM_CALLS",
+    "ALLOWED_OPCODES",
+    "CHECKS",
+    "check_findings",
+    "validate",
+]
+
+ALLOWED_OPCODES = frozenset(
+    """
+    abs add and atan2 bitcast bitcast-convert broadcast call cbrt ceil clamp clz compare
+    concatenate constant convert convolution copy cosine custom-call divide dot dynamic-slice
+    dynamic-update-slice erf exponential exponential-minus-one floor gather get-tuple-element iota
+    is-finite log log-plus-one logistic maximum minimum multiply negate not optimization-barrier or
+    pad parameter popcnt power reduce reduce-window remainder reshape reverse rng rng-bit-generator
+    round-nearest-afz round-nearest-even rsqrt scatter select select-and-scatter shift-left
+    shift-right-arithmetic shift-right-logical sign sine slice sort sqrt subtract tan tanh
+    transpose tuple while xor
+    all-reduce all-gather reduce-scatter all-to-all collective-permute
+    all-reduce-start all-reduce-done all-gather-start all-gather-done
+    collective-permute-start collective-permute-done
+    """.split()
+)
+
+COLLECTIVES = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
+)
+
+ALLOWED_CUSTOM_CALLS = frozenset(
+    """
+    AwsNeuronErf AwsNeuronGelu AwsNeuronGeluApprxTanh AwsNeuronGeluBackward AwsNeuronSilu
+    AwsNeuronSiluBackward AwsNeuronRmsNorm AwsNeuronSoftmax AwsNeuronSoftmaxBackward
+    AwsNeuronCollectiveMatmul AwsNeuronIntMatmult AwsNeuronArgMax AwsNeuronArgMin AwsNeuronTopK
+    AwsNeuronDropoutMaskV1 AwsNeuronCustomNativeKernel AwsNeuronCustomOp ResizeNearest
+    ResizeBilinear
+    """.split()
+)
+# module / boundary markers (AwsNeuronModuleMarkerStartForward, ...EndBackward, ...)
+_MARKER_PREFIXES = ("AwsNeuronModuleMarker", "NeuronBoundaryMarker")
+_MX_CUSTOM_CALLS = frozenset({"QuantizeMX", "__op$block_scaled_dot"})  # Trn3 MX only
+
+# opcodes with a dedicated explanation; anything else off the allow-list is "unsupported-opcode"
+_DENIED = {
+    "conditional": (
+        "`conditional` (lax.cond / data-dependent branch) is not supported by neuronx-cc",
+        "compute both branches and select with torch.where, or move the branch to the host "
+        "and capture one program per branch",
+    ),
+    "replica-id": (
+        "`replica-id` is not supported: neuronx-cc does not provide the rank",
+        "pass the rank id as an int32 input",
+    ),
+    "partition-id": (
+        "`partition-id` is not supported: neuronx-cc does not provide the rank",
+        "pass the rank id as an int32 input",
+    ),
+    "reduce-precision": (
+        "`reduce-precision` is not supported by neuronx-cc",
+        "cast to the narrower dtype and back explicitly (convert)",
+    ),
+}
+_SHARDING_CALLS = frozenset({"Sharding", "SPMDFullToShardShape", "SPMDShardToFullShape"})
+_HOST = frozenset({"infeed", "outfeed", "send", "send-done", "recv", "recv-done", "after-all"})
+_DYNAMIC = frozenset({"set-dimension-size", "get-dimension-size", "dynamic-reshape"})
+
+
+@dataclasses.dataclass(frozen=True)
+class Context:
+    module: HloModule
+    target: NeuronTarget
+    options: NeuronOptions
+    program: Program | None
+    inputs: tuple[InputSpec, ...]  # the signature input of each HLO parameter (program given)
+    memory: MemoryEstimate | None
+    locator: Locator
+
+    def finding(
+        self, ins: Instruction | None, severity: Severity, code: str, what: str, fix: str, **kw
+    ) -> Finding:
+        place = self.locator.place(ins) if ins is not None else {}
+        return Finding(severity, code, what, fix, **place, **kw)
+
+    def error(self, ins: Instruction | None, code: str, what: str, fix: str, **kw) -> Finding:
+        return self.finding(ins, Severity.ERROR, code, what, fix, **kw)
+
+    def warning(self, ins: Instruction | None, code: str, what: str, fix: str, **kw) -> Finding:
+        return self.finding(ins, Severity.WARNING, code, what, fix, **kw)
+
+
+Check = Callable[[Context], Iterator[Finding]]
+
+
+def validate(
+    module: HloModule,
+    target: NeuronTarget,
+    options: NeuronOptions | None = None,
+    *,
+    program: Program | None = None,
+    kept: Sequence[int] | None = None,
+    memory: MemoryEstimate | None = None,
+) -> list[Finding]:
+    """Every finding about `module` for `target` (errors first, same-node findings folded).
+
+    With `program`, findings name its nodes and source lines, and the HLO's parameters are
+    checked against its signature; `kept` lists the signature inputs that are HLO parameters
+    (default: all). `memory` enables the HBM check."""
+    inputs: tuple[InputSpec, ...] = ()
+    if program is not None:
+        sig_inputs = program.signature.inputs
+        inputs = tuple(sig_inputs[k] for k in (range(len(sig_inputs)) if kept is None else kept))
+    locator = Locator.of(module, program, kept)
+    ctx = Context(module, target, options or NeuronOptions(), program, inputs, memory, locator)
+    return merge(f for check in CHECKS for f in check(ctx))
+
+
+def check_findings(findings: list[Finding], *, program: str, target: str) -> None:
+    """Raise NeuronValidationError (listing all findings) if any finding is an error."""
+    if any(f.severity is Severity.ERROR for f in findings):
+        raise NeuronValidationError(findings, program=program, target=target)
+
+
+# -- checks ------------------------------------------------------------------------------------
+
+
+def static_shapes(ctx: Context) -> Iterator[Finding]:
+    for ins in _values(ctx.module):
+        dynamic = [leaf for leaf in ins.leaves if not leaf.is_static]
+        if dynamic or ins.opcode in _DYNAMIC:
+            shown = ", ".join(str(leaf) for leaf in dynamic) or ins.opcode
+            yield ctx.error(
+                ins,
+                "dynamic-shape",
+                f"dynamic shape {shown}: neuronx-cc compiles static shapes only",
+                "capture one program per shape bucket (pad inputs to the bucket size)",
+                ncc="NCC_EMOD025",
+            )
+
+
+def opcodes(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        op = ins.opcode
+        if op in ALLOWED_OPCODES or op in _DYNAMIC:
+            continue
+        if op in _DENIED:
+            what, fix = _DENIED[op]
+            yield ctx.error(ins, op, what, fix, ncc="NCC_EVRF001")
+        elif op in _HOST:
+            yield ctx.error(
+                ins,
+                "host-transfer",
+                f"`{op}` moves data to or from the host inside the program",
+                "remove host callbacks / prints / infeed from the step; return the values instead",
+                ncc="NCC_EVRF001",
+            )
+        else:
+            yield ctx.error(
+                ins,
+                "unsupported-opcode",
+                f"opcode `{op}` is not on the Neuron allow-list",
+                "rewrite the op with supported HLO (see docs/backends/neuron.md), or add a "
+                "neuron lowering override in backends/xla/rules",
+                ncc="NCC_EVRF001",
+            )
+
+
+def control_flow(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        if ins.opcode == "while" and not _constant_trip_count(ctx.module, ins):
+            yield ctx.error(
+                ins,
+                "unbounded-while",
+                "`while` without a constant trip count (data-dependent loop)",
+                "loop a fixed number of times (fori_loop / scan with static bounds, or unroll) "
+                "and mask the extra iterations",
+                ncc="NCC_EVRF001",
+            )
+
+
+def reductions(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        if ins.opcode == "reduce" and ins.is_tuple:
+            yield ctx.error(
+                ins,
+                "variadic-reduce",
+                f"variadic reduce over {len(ins.leaves)} operands (argmax/argmin-style)",
+                "reduce one operand at a time (max, then the first index equal to it via a "
+                "second reduce), or use AwsNeuronArgMax/ArgMin through a neuron override",
+                ncc="NCC_EVRF001",
+            )
+
+
+def random_numbers(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        algorithm = ins.attrs.get("algorithm", "rng_default")
+        if ins.opcode == "rng-bit-generator" and algorithm != "rng_default":
+            yield ctx.error(
+                ins,
+                "rng-algorithm",
+                f"rng-bit-generator with algorithm {algorithm}; neuronx-cc takes the default only",
+                "use the default algorithm (JAX: the `rbg` PRNG implementation)",
+            )
+
+
+def windows(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        if ins.opcode not in ("convolution", "reduce-window"):
+            continue
+        window = _window(ins.attrs.get("window", ""))
+        lhs, rhs = _dilated(window.get("lhs_dilate")), _dilated(window.get("rhs_dilate"))
+        if ins.opcode == "convolution" and lhs and rhs:
+            yield ctx.error(
+                ins,
+                "conv-dilation",
+                "convolution with both input (lhs) and kernel (rhs) dilation",
+                "split it: dilate the input explicitly (pad/scatter), then a conv with only "
+                "kernel dilation",
+            )
+        elif ins.opcode == "reduce-window" and (lhs or rhs):
+            yield ctx.error(
+                ins,
+                "reduce-window-dilation",
+                "reduce-window (pooling) with dilation",
+                "use an undilated window (gather the dilated elements first)",
+            )
+
+
+def custom_calls(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        if ins.opcode != "custom-call":
+            continue
+        name = ins.custom_call_target or ""
+        if name in ALLOWED_CUSTOM_CALLS or name.startswith(_MARKER_PREFIXES):
+            continue
+        if name in _MX_CUSTOM_CALLS:
+            if not ctx.target.mx:
+                yield ctx.error(
+                    ins,
+                    "mx-target",
+                    f"MX custom call {name} needs Trainium3 (neuron:{ctx.target.name} has no MX)",
+                    "lower for neuron:trn3, or drop the mx-quantize pass for this target",
+                )
+            continue
+        if name.startswith("xla.sdy.") or name in _SHARDING_CALLS:
+            what = f"sharding annotation `{name}`: this is pre-partitioning HLO"
+            fix = (
+                "neuronx-cc does not partition: apply the spmd-partition pass so each rank's "
+                "program has explicit collectives"
+            )
+        elif "callback" in name:
+            what = f"host callback `{name}` inside the program"
+            fix = "remove host callbacks (print, debug, pure_callback) from the captured step"
+        else:
+            what = f"custom call `{name}` is not on the Neuron allow-list"
+            fix = "lower the op with standard HLO or an allow-listed AwsNeuron* custom call"
+        yield ctx.error(ins, "custom-call", what, fix, ncc="NCC_EVRF001")
+
+
+def dtypes(ctx: Context) -> Iterator[Finding]:
+    target = ctx.target
+    for ins in _values(ctx.module):
+        for element in sorted(ins.elements):
+            problem = _dtype_problem(element, target, ctx.options)
+            if problem is not None:
+                code, what, fix = problem
+                yield ctx.error(ins, code, what, fix)
+
+
+def int64_values(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        if ins.opcode in ("parameter", "constant", "tuple", "get-tuple-element"):
+            continue
+        if ins.elements & {"s64", "u64"}:
+            yield ctx.warning(
+                ins,
+                "int64-downcast",
+                "int64 value computed on device; with --native-int64=disabled "
+                "--implicit-integer-downcast=all neuronx-cc computes it in int32",
+                "keep indices and counters below 2^31, or compute them in int32 explicitly",
+            )
+
+
+def fp32_accumulation(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        integer = any(e[0] in "su" for e in ins.elements)
+        kind = None
+        if ins.opcode == "dot" and integer:
+            kind = "integer dot"
+        elif ins.opcode == "scatter" and integer and _combiner(ctx.module, ins) == "add":
+            kind = "integer scatter-add"
+        elif ins.opcode in ("all-reduce", "reduce-scatter", "all-reduce-start") and integer:
+            kind = f"integer {ins.opcode}"
+        if kind:
+            yield ctx.warning(
+                ins,
+                "fp32-accumulation",
+                f"{kind}: Neuron computes it in FP32, exact only below 2^24",
+                "keep the integer values below 2^24, or compute in float32 explicitly",
+            )
+
+
+def collectives(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        base = ins.opcode.removesuffix("-start")
+        if base not in COLLECTIVES or base == "collective-permute":
+            continue
+        groups = ins.attrs.get("replica_groups", "").replace(" ", "")
+        if groups in ("", "{}"):
+            yield ctx.error(
+                ins,
+                "collective-groups",
+                f"{base} without explicit replica_groups",
+                "list the global ranks of each group explicitly (the spmd-partition pass does)",
+            )
+
+
+def graph_size(ctx: Context) -> Iterator[Finding]:
+    count = ctx.module.instruction_count
+    if count > ctx.options.max_instructions:
+        yield ctx.warning(
+            None,
+            "graph-size",
+            f"{count} HLO instructions (> {ctx.options.max_instructions}): compile time and "
+            "host memory grow with size; neuronx-cc has instruction-count limits",
+            "cut the model into pipeline stages (a plan with a pp axis) or fewer layers per "
+            "program",
+            ncc="NCC_EVRF007",
+        )
+
+
+def interface(ctx: Context) -> Iterator[Finding]:
+    """The HLO's parameters and outputs match the signature; training state is aliased."""
+    program, module = ctx.program, ctx.module
+    root = module.entry.root
+    if root.opcode != "tuple":
+        yield ctx.error(
+            root,
+            "root-not-tuple",
+            "the entry computation's root is not a tuple",
+            "lower with return_tuple=True (a bug in portable: report it)",
+        )
+    if program is None:
+        return
+    params = module.parameters()
+    inputs = ctx.inputs
+    if len(params) != len(inputs):
+        yield ctx.error(
+            None,
+            "parameters",
+            f"HLO has {len(params)} parameters for {len(inputs)} signature inputs",
+            "constants or state must not be folded or hoisted (a bug in portable: report it)",
+        )
+        return
+    for param, spec in zip(params, inputs, strict=True):
+        want = _hlo_type(spec.spec)
+        got = str(param.leaves[0]) if len(param.leaves) == 1 else param.type_text
+        if got != want:
+            yield ctx.error(
+                param,
+                "parameter-type",
+                f"HLO parameter {param.parameter_number} is {got}, input `{spec.name}` is {want}",
+                "a bug in portable's lowering: report it",
+            )
+    # input_output_alias must be the signature's aliasing: updated output k replaces input i
+    number = {spec.name: n for n, spec in enumerate(inputs)}
+    actual = {a.output_index: a.parameter for a in module.aliases if not a.parameter_index}
+    sig = program.signature
+    for index, out in enumerate(sig.outputs):
+        if out.aliases is None:
+            if (index,) in actual:
+                yield ctx.error(
+                    params[actual[(index,)]],
+                    "unexpected-alias",
+                    f"output `{out.name}` ({out.kind.value}) aliases HLO parameter "
+                    f"{actual[(index,)]} but replaces no input",
+                    "a bug in portable's lowering: report it",
+                )
+        elif actual.get((index,)) != number.get(out.aliases) or out.aliases not in number:
+            spec = next(i for i in sig.inputs if i.name == out.aliases)
+            yield ctx.error(
+                params[number[out.aliases]] if out.aliases in number else None,
+                "state-not-aliased",
+                f"state input `{spec.name}` ({spec.kind.value}) is not an HLO parameter aliased "
+                f"to its updated output `{out.name}` (input_output_alias)",
+                "parameters and optimizer state must be donated parameters, never constants "
+                "(a bug in portable's lowering: report it)",
+                **({} if out.aliases in number else {"node": spec.name, "module": spec.target}),
+            )
+
+
+def hbm_budget(ctx: Context) -> Iterator[Finding]:
+    mem = ctx.memory
+    if mem is None:
+        return
+    gib = 1 << 30
+    arithmetic = (
+        f"weights {mem.weights_bytes / gib:.2f} + buffers/constants "
+        f"{(mem.buffers_bytes + mem.constants_bytes) / gib:.2f} + optimizer state "
+        f"{mem.optimizer_state_bytes / gib:.2f} + inputs {mem.inputs_bytes / gib:.2f} + "
+        f"gradients {mem.gradients_bytes / gib:.2f} + activations "
+        f"{mem.activations_bytes / gib:.2f} = {mem.total_bytes / gib:.2f} GiB vs "
+        f"{mem.budget_bytes / gib:.0f} GiB per core on {ctx.target.name}"
+    )
+    fix = (
+        "shard the state (a plan with dp/tp axes, ZeRO-1), use bf16 weights, a smaller "
+        "micro-batch, or activation recomputation"
+    )
+    if mem.total_bytes > mem.budget_bytes:
+        yield ctx.error(None, "hbm-budget", f"HBM estimate over budget: {arithmetic}", fix)
+    elif mem.total_bytes > (1 - ctx.options.hbm_headroom) * mem.budget_bytes:
+        yield ctx.warning(
+            None,
+            "hbm-headroom",
+            f"HBM estimate within {ctx.options.hbm_headroom:.0%} of the budget: {arithmetic}",
+            fix,
+        )
+
+
+CHECKS: tuple[Check, ...] = (
+    static_shapes,
+    opcodes,
+    control_flow,
+    reductions,
+    random_numbers,
+    windows,
+    custom_calls,
+    dtypes,
+    int64_values,
+    fp32_accumulation,
+    collectives,
+    graph_size,
+    interface,
+    hbm_budget,
+)
+
+
+# -- helpers -----------------------------------------------------------------------------------
+
+
+def _hlo_type(spec: TensorSpec) -> str:
+    element = _HLO_ELEMENTS.get(spec.dtype, str(spec.dtype))
+    return f"{element}[{','.join(str(d) for d in spec.shape)}]"
+
+
+_HLO_ELEMENTS = {
+    torch.float64: "f64",
+    torch.float32: "f32",
+    torch.float16: "f16",
+    torch.bfloat16: "bf16",
+    torch.int64: "s64",
+    torch.int32: "s32",
+    torch.int16: "s16",
+    torch.int8: "s8",
+    torch.uint8: "u8",
+    torch.bool: "pred",
+    torch.float8_e4m3fn: "f8e4m3fn",
+    torch.float8_e5m2: "f8e5m2",
+}
+
+
+def _values(module: HloModule) -> Iterator[Instruction]:
+    """Instructions that make a value (not tuples and tuple projections, which pass one on)."""
+    for ins in module.instructions():
+        if ins.opcode not in ("tuple", "get-tuple-element"):
+            yield ins
+
+
+_FNUZ = re.compile(r"fnuz$")
+
+
+def _dtype_problem(element: str, target: NeuronTarget, options: NeuronOptions):
+    """(code, what, fix) when `element` cannot be used on `target`, else None."""
+    if element == "f64":
+        if options.fp64 == "downcast":
+            fix = (
+                "the fp64 downcast should have removed it: a lowering rule made float64 "
+                "itself (report it); compute in float32 meanwhile"
+            )
+        else:
+            fix = "compute in float32, or lower with NeuronOptions(fp64='downcast')"
+        return "dtype-f64", "float64 value: no NeuronCore computes in float64", fix
+    if element in ("c64", "c128"):
+        return (
+            "dtype-complex",
+            f"complex value ({element}): Neuron does not compute with complex types",
+            "split into real and imaginary float parts",
+        )
+    if _FNUZ.search(element):
+        return (
+            "dtype-fp8-fnuz",
+            f"{element}: FP8 *FNUZ variants are not supported on any Trainium",
+            "use float8_e4m3fn (trn3) or e4m3/e5m2 (trn1, trn2)",
+        )
+    if element == "f4e2m1fn":
+        return (
+            "dtype-fp4",
+            "raw FP4 (f4e2m1fn) element type: MXFP4 exists only through MX custom calls on Trn3",
+            "quantize with the mx-quantize pass (QuantizeMX / block-scaled dot) for neuron:trn3",
+        )
+    if element == "f8e8m0fnu" and not target.mx:
+        return (
+            "dtype-fp8",
+            f"E8M0 MX scales need Trainium3 (neuron:{target.name} has no MX)",
+            "lower for neuron:trn3",
+        )
+    if element.startswith("f8") and element != "f8e8m0fnu" and element not in target.fp8_types:
+        allowed = " and ".join(sorted(target.fp8_types))
+        return (
+            "dtype-fp8",
+            f"{element} is not an FP8 format of {target.name} (it has {allowed}; E4M3FN, max "
+            "448, is Trn3 only; E4M3, max 240, is Trn1/Trn2)",
+            f"use {allowed} on neuron:{target.name}, or lower for another generation",
+        )
+    return None
+
+
+def _constant_trip_count(module: HloModule, ins: Instruction) -> bool:
+    """True if the loop's bound is static: XLA's known_trip_count, or the counted-loop pattern
+    `i = constant; while (i < constant) { ...; i = i + constant }`."""
+    config = ins.attrs.get("backend_config", "")
+    if "known_trip_count" in config:
+        return True
+    cond = module.computation(ins.called("condition") or "")
+    body = module.computation(ins.called("body") or "")
+    outer = module.computation(ins.computation)
+    if cond is None or body is None or outer is None:
+        return False
+    index = _counter_index(cond)
+    if index is None:
+        return False
+    init = outer.by_name().get(ins.operands[0]) if ins.operands else None
+    if init is None or init.opcode != "tuple" or index >= len(init.operands):
+        return False
+    if outer.by_name().get(init.operands[index], init).opcode != "constant":
+        return False
+    step = _tuple_element(body, body.root, index)
+    if step is None or step.opcode != "add":
+        return False
+    kinds = sorted(_operand_kind(body, step, k) for k in range(2))
+    return kinds == ["constant", f"counter{index}"]
+
+
+def _counter_index(cond) -> int | None:
+    root = cond.root
+    if root.opcode != "compare" or len(root.operands) != 2:
+        return None
+    kinds = [_operand_kind(cond, root, k) for k in range(2)]
+    counters = [k for k in kinds if k.startswith("counter")]
+    if len(counters) == 1 and "constant" in kinds:
+        return int(counters[0].removeprefix("counter"))
+    return None
+
+
+def _operand_kind(comp, ins: Instruction, k: int) -> str:
+    """ "constant", "counter<i>" (element i of the loop state) or "other"."""
+    operand = comp.by_name().get(ins.operands[k])
+    if operand is None:
+        return "other"
+    if operand.opcode == "constant":
+        return "constant"
+    if operand.opcode == "get-tuple-element":
+        source = comp.by_name().get(operand.operands[0])
+        if source is not None and source.opcode == "parameter":
+            return f"counter{operand.attrs.get('index', '?')}"
+    return "other"
+
+
+def _tuple_element(comp, tup: Instruction, index: int) -> Instruction | None:
+    if tup.opcode != "tuple" or index >= len(tup.operands):
+        return None
+    return comp.by_name().get(tup.operands[index])
+
+
+def _combiner(module: HloModule, ins: Instruction) -> str | None:
+    comp = module.computation(ins.called("to_apply") or "")
+    return comp.root.opcode if comp is not None else None
+
+
+def _window(text: str) -> dict[str, str]:
+    return dict(part.split("=", 1) for part in text.strip("{}").split() if "=" in part)
+
+
+def _dilated(value: str | None) -> bool:
+    return value is not None and any(int(v) != 1 for v in value.split("x") if v.isdigit())

@@ -1,0 +1,78 @@
+"""`xla`: programs executed on XLA:CPU through `jax.jit`, so parity runs everywhere.
+
+lower -> StableHLO and HLO text (inspectable); compile -> an XLA executable (and the texts under
+out_dir); executable -> the portable Executable. Tensors cross between torch and JAX by DLPack
+(zero-copy on CPU). JAX is imported only when this backend is used.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from portable.ir.program import Program, ProgramKind
+from portable.runtime import Executable
+
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
+
+__all__ = ["XlaBackend"]
+
+# XLA:CPU's LLVM backend contracts a * b + c into one FMA at optimization levels > 0, so results
+# round differently from PyTorch's kernels (which never contract) and values near 0 can change
+# sign (a ReLU then routes a gradient the reference drops). Level 0 keeps every rounding of the
+# HLO, and compiles the small parity programs faster.
+_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
+
+
+class XlaBackend(Backend):
+    name = "xla"
+    platform = "xla"
+
+    def capabilities(self) -> Capabilities:
+        from .rules import load_rules
+
+        return Capabilities(
+            ops=load_rules().names(self.platform), program_kinds=frozenset(ProgramKind)
+        )
+
+    def can_execute_here(self) -> tuple[bool, str]:
+        if importlib.util.find_spec("jax") is None:
+            return False, "jax is not installed (pip install 'portable[xla]')"
+        return True, ""
+
+    def lower(self, program: Program, target: Target) -> Lowered:
+        from .lowering import lower
+
+        self.check_program(program, target)
+        # executed programs are not donated: their inputs are torch tensors shared via DLPack
+        jax_lowered = lower(program, self.platform, donate=False)
+        texts = {
+            "graph.stablehlo.mlir": jax_lowered.as_text(),
+            "graph.hlo.txt": jax_lowered.compiler_ir("hlo").as_hlo_text(),
+        }
+        return Lowered(program, target, texts=texts, payload=jax_lowered)
+
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        files = []
+        if out_dir is not None:
+            for name, text in lowered.texts.items():
+                path = out_dir / name
+                path.write_text(text)
+                files.append(path)
+        return Compiled(
+            lowered, files, payload=lowered.payload.compile(compiler_options=_COMPILER_OPTIONS)
+        )
+
+    def executable(self, compiled: Compiled) -> Executable:
+        import jax
+        import jax.numpy as jnp
+        import torch
+
+        xla_executable = compiled.payload
+
+        def run(flat):
+            with jax.enable_x64(True):
+                outs = xla_executable(*[jnp.from_dlpack(t.detach().contiguous()) for t in flat])
+            return [torch.from_dlpack(o) for o in outs]
+
+        return Executable(compiled.lowered.program, run, self.name)

@@ -30,3 +30,76 @@ def _load_spec(stem: str) -> portable.ModelSpec:
 def example_spec():
     """`example_spec("gpt")` -> the ModelSpec of examples/gpt.py:GPT."""
     return _load_spec
+
+
+# Hugging Face models built from small configs (no downloads), shared by the HF, xla and scale
+# tests. Overrides replace config fields: hf_model("gpt2", n_layer=12, n_embd=768, ...).
+HF_VOCAB = 128
+_HF_COMMON = {"vocab_size": HF_VOCAB, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
+_LLAMA_SIZES = {
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,  # grouped-query attention
+    "max_position_embeddings": 64,
+    "use_cache": False,
+}
+HF_CONFIGS = {
+    "gpt2": (
+        "GPT2Config",
+        "GPT2LMHeadModel",
+        dict(
+            n_layer=2,
+            n_embd=64,
+            n_head=4,
+            n_positions=64,
+            attn_pdrop=0.0,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            use_cache=False,
+        ),
+    ),
+    "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_SIZES),
+    "bert": (
+        "BertConfig",
+        "BertForMaskedLM",
+        dict(
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=128,
+            max_position_embeddings=64,
+            attention_probs_dropout_prob=0.0,
+            hidden_dropout_prob=0.0,
+        ),
+    ),
+    "mixtral": (
+        "MixtralConfig",
+        "MixtralForCausalLM",
+        {
+            **_LLAMA_SIZES,
+            "num_hidden_layers": 1,  # one MoE block: capture time grows with depth
+            "num_local_experts": 4,
+            "num_experts_per_tok": 2,
+            "router_jitter_noise": 0.0,
+            "attention_dropout": 0.0,
+            # static-shape dispatch (gather each token's expert weights); the default grouped
+            # form sorts tokens by expert, which has data-dependent sizes
+            "experts_implementation": "batched_mm",
+        },
+    ),
+}
+
+
+@pytest.fixture
+def hf_model():
+    """`hf_model("llama", **overrides)` -> a small Hugging Face model (skips without transformers)."""
+    transformers = pytest.importorskip("transformers")
+
+    def build(name: str, **overrides):
+        config, model, sizes = HF_CONFIGS[name]
+        cfg = getattr(transformers, config)(**{**_HF_COMMON, **sizes, **overrides})
+        return getattr(transformers, model)(cfg)
+
+    return build

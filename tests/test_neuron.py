@@ -478,9 +478,6 @@ def test_compile_script_without_compiler(lowered, tmp_path):
     assert subprocess.run(["bash", "-n", str(out / "scripts" / "compile.sh")]).returncode == 0
 
 
-# -- the validator on lowered programs ---------------------------------------------------------
-
-
 def test_fp64_downcast_warns_and_lowers_float32(tmp_path):
     class Doubles(torch.nn.Module):
         def forward(self, x):

@@ -9,8 +9,6 @@ import torch
 
 import portable
 
-transformers = pytest.importorskip("transformers")
-
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
 # GPT-2 small (124M) in full; a 4-layer, 256-wide model in CI's small form.
 CONFIG = (
@@ -21,20 +19,10 @@ CONFIG = (
 
 
 @pytest.mark.slow
-def test_gpt2_sized_capture_save_load_run(tmp_path):
+def test_gpt2_sized_capture_save_load_run(tmp_path, hf_model):
     torch.manual_seed(0)
-    cfg = transformers.GPT2Config(
-        n_positions=128,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        use_cache=False,
-        bos_token_id=0,
-        eos_token_id=0,
-        **CONFIG,
-    )
-    model = transformers.GPT2LMHeadModel(cfg).eval()
-    idx = torch.randint(0, cfg.vocab_size, (1, 128))
+    model = hf_model("gpt2", n_positions=128, **CONFIG).eval()
+    idx = torch.randint(0, model.config.vocab_size, (1, 128))
     program = portable.capture(model, (idx,))
     n_params = sum(w.numel() for w in program.parameters().values())
     assert n_params == sum(p.numel() for p in model.parameters())  # tied weights counted once

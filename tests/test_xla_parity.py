@@ -75,74 +75,8 @@ def test_example_training(stem, optimizer, example_spec):
 # --------------------------------------------------------------------------- Hugging Face
 
 
-def _transformers():
-    return pytest.importorskip("transformers")
-
-
-VOCAB, SEQ = 128, 16
-_SMALL = {"vocab_size": VOCAB, "bos_token_id": 0, "eos_token_id": 0, "pad_token_id": 0}
-
-
-def _gpt2(t):
-    cfg = t.GPT2Config(
-        n_layer=2,
-        n_embd=64,
-        n_head=4,
-        n_positions=64,
-        attn_pdrop=0.0,
-        resid_pdrop=0.0,
-        embd_pdrop=0.0,
-        use_cache=False,
-        **_SMALL,
-    )
-    return t.GPT2LMHeadModel(cfg)
-
-
-_LLAMA_SIZES = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,  # grouped-query attention
-    "max_position_embeddings": 64,
-    "use_cache": False,
-}
-
-
-def _llama(t):
-    return t.LlamaForCausalLM(t.LlamaConfig(**_LLAMA_SIZES, **_SMALL))
-
-
-def _mixtral(t):
-    cfg = t.MixtralConfig(
-        **{**_LLAMA_SIZES, "num_hidden_layers": 1},  # one MoE block: capture time grows with depth
-        **_SMALL,
-        num_local_experts=4,
-        num_experts_per_tok=2,
-        router_jitter_noise=0.0,
-        attention_dropout=0.0,
-        # static-shape dispatch (gather each token's expert weights); the default grouped form
-        # sorts tokens by expert, which has data-dependent sizes
-        experts_implementation="batched_mm",
-    )
-    return t.MixtralForCausalLM(cfg)
-
-
-def _bert(t):
-    cfg = t.BertConfig(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        max_position_embeddings=64,
-        attention_probs_dropout_prob=0.0,
-        hidden_dropout_prob=0.0,
-        **_SMALL,
-    )
-    return t.BertForMaskedLM(cfg)
-
-
-HF_MODELS = {"gpt2": _gpt2, "llama": _llama, "bert": _bert, "mixtral": _mixtral}
+VOCAB, SEQ = 128, 16  # VOCAB is the conftest's HF_VOCAB
+HF_MODELS = ["gpt2", "llama", "bert", "mixtral"]
 
 
 def _lm_loss(model, ids, targets):
@@ -159,10 +93,10 @@ def _inference_inputs(name):
 
 
 @pytest.mark.hf
-@pytest.mark.parametrize("name", list(HF_MODELS))
-def test_hf_inference(name):
+@pytest.mark.parametrize("name", HF_MODELS)
+def test_hf_inference(name, hf_model):
     torch.manual_seed(0)
-    model = HF_MODELS[name](_transformers()).eval()
+    model = hf_model(name).eval()
     inputs = _inference_inputs(name)
     program = portable.capture(model, inputs)
     report = check_parity(program, inputs, backends=["xla"], **INFERENCE_TOL)
@@ -176,9 +110,9 @@ HF_TRAINING = [(n, "sgd") for n in HF_MODELS] + [("gpt2", "adamw"), ("llama", "a
 
 @pytest.mark.hf
 @pytest.mark.parametrize("name, optimizer", HF_TRAINING)
-def test_hf_training(name, optimizer):
+def test_hf_training(name, optimizer, hf_model):
     torch.manual_seed(0)
-    model = HF_MODELS[name](_transformers())
+    model = hf_model(name)
     batch = (torch.randint(0, VOCAB, (2, SEQ)), torch.randint(0, VOCAB, (2, SEQ)))
     program = portable.capture(model, batch, loss_fn=_lm_loss, optimizer=OPTIMIZERS[optimizer]())
     report = check_parity(program, batch, backends=["xla"], steps=STEPS, **TRAINING_TOL[optimizer])

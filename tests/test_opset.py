@@ -130,3 +130,39 @@ def test_collective_and_mx_shape_rules():
         codes, scales = ops.mx_quantize(torch.empty(3, 64), "e2m1", -1, "floor", 32)
         assert codes.shape == (3, 32) and scales.shape == (3, 2) and codes.dtype == torch.uint8
         assert ops.mx_dequantize(codes, scales, "e2m1", -1, torch.bfloat16, 32).shape == (3, 64)
+
+
+@pytest.mark.parametrize("mask_kind", ["none", "bool", "float"])
+def test_scale_mask_softmax_matches_unfused_eager_and_its_gradient(mask_kind):
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 7, requires_grad=True)
+    mask = {
+        "none": None,
+        "bool": torch.rand(5, 7) > 0.3,
+        "float": torch.randn(1, 3, 5, 7, requires_grad=True),
+    }[mask_kind]
+    if mask_kind == "bool":
+        mask[:, 0] = True
+
+    def unfused(x, mask):
+        s = x * 0.125
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf")) if mask.dtype == torch.bool else s + mask
+        return torch.softmax(s, -1)
+
+    fused = ops.scale_mask_softmax(x, mask, 0.125, -1)
+    ref = unfused(x, mask)
+    assert torch.equal(fused, ref)
+    grad = torch.randn_like(ref)
+    leaves = [x] + ([mask] if mask_kind == "float" else [])
+    got = torch.autograd.grad(fused, leaves, grad)
+    want = torch.autograd.grad(ref, leaves, grad)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-7)
+
+
+def test_scale_mask_softmax_computes_half_inputs_in_float32():
+    x = torch.randn(4, 9).to(torch.bfloat16)
+    got = ops.scale_mask_softmax(x, None, 3.0, -1)
+    assert got.dtype == torch.bfloat16
+    assert torch.equal(got, torch.softmax(x.float() * 3.0, -1).to(torch.bfloat16))

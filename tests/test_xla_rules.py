@@ -793,6 +793,19 @@ _PORTABLE = [
         )
         for label, make in _ATTENTION_VARIANTS.items()
     ],
+    C("portable.scale_mask_softmax.default", lambda d: A(t(d, 2, 3, 5), None, 0.5), FLOATS),
+    C(
+        "portable.scale_mask_softmax.default",
+        lambda d: A(t(d, 2, 3, 5), _bool_mask(3, 5), 0.125, -1),
+        FLOATS,
+        "bool_mask",
+    ),
+    C(
+        "portable.scale_mask_softmax.default",
+        lambda d: A(t(d, 2, 3, 5), t(d, 3, 5), 2.0, 1),
+        (F32,),
+        "additive_mask_dim1",
+    ),
     C("portable.rms_norm.default", lambda d: _rms(d), FLOATS),
     C("portable.rms_norm.default", lambda d: _rms(d, False, 1e-6), FLOATS, "no_weight_eps"),
     C(

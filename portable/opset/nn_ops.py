@@ -18,7 +18,7 @@ import torch.nn.functional as F
 
 from .library import define
 
-__all__ = ["attention_reference", "attention_scores_mask"]
+__all__ = ["attention_reference", "attention_scores_mask", "scale_mask_softmax_reference"]
 
 define(
     "attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool is_causal=False, "
@@ -28,6 +28,7 @@ define(
     "attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask=None, "
     "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)"
 )
+define("scale_mask_softmax(Tensor x, Tensor? mask=None, float scale=1.0, int dim=-1) -> Tensor")
 define(
     "rms_norm(Tensor x, SymInt[] normalized_shape, Tensor? weight=None, float? eps=None) -> Tensor"
 )
@@ -146,6 +147,59 @@ def _attention_grad(ctx, grad):
 
 torch.library.register_autograd(
     "portable::attention", _attention_grad, setup_context=_attention_setup
+)
+
+
+# --------------------------------------------------------------------------- scale-mask-softmax
+
+
+def scale_mask_softmax_reference(x, mask=None, scale=1.0, dim=-1):
+    """softmax(x * scale + mask) along `dim`, computed in float32 (x's dtype when wider), result
+    in x's dtype. A bool mask keeps True positions (False -> -inf); a float mask is added after
+    scaling. A row with every position masked is NaN, as torch.softmax gives."""
+    compute = torch.promote_types(x.dtype, torch.float32)
+    s = x.to(compute) * scale
+    if mask is not None:
+        if mask.dtype == torch.bool:
+            s = s.masked_fill(~mask, float("-inf"))
+        else:
+            s = s + mask.to(compute)
+    return torch.softmax(s, dim).to(x.dtype)
+
+
+@torch.library.register_kernel("portable::scale_mask_softmax", "cpu")
+def _scale_mask_softmax_cpu(x, mask=None, scale=1.0, dim=-1):
+    return scale_mask_softmax_reference(x, mask, scale, dim).contiguous()
+
+
+@torch.library.register_fake("portable::scale_mask_softmax")
+def _scale_mask_softmax_fake(x, mask=None, scale=1.0, dim=-1):
+    if mask is not None:
+        torch.broadcast_shapes(x.shape, mask.shape)  # the mask broadcasts to x, never x to it
+    return x.new_empty(x.shape)
+
+
+def _scale_mask_softmax_setup(ctx, inputs, output):
+    x, mask, scale, dim = inputs
+    ctx.save_for_backward(output)
+    ctx.scale, ctx.dim, ctx.x_dtype = scale, dim, x.dtype
+    ctx.mask_shape = None if mask is None or mask.dtype == torch.bool else mask.shape
+
+
+def _scale_mask_softmax_grad(ctx, grad):
+    # d softmax(s) = y * (g - sum(g * y)); s = x * scale + mask, so dx = scale * ds, dmask = ds
+    (y,) = ctx.saved_tensors
+    ds = torch.ops.aten._softmax_backward_data(grad, y, ctx.dim, ctx.x_dtype)
+    dmask = None
+    if ctx.mask_shape is not None and ctx.needs_input_grad[1]:
+        dmask = ds.sum_to_size(ctx.mask_shape)
+    return ds * ctx.scale, dmask, None, None
+
+
+torch.library.register_autograd(
+    "portable::scale_mask_softmax",
+    _scale_mask_softmax_grad,
+    setup_context=_scale_mask_softmax_setup,
 )
 
 

@@ -346,6 +346,12 @@ _PORTABLE: tuple[OpDef, ...] = (
         "(dq, dk, dv) of attention, recomputing the probabilities",
     ),
     _e(
+        "portable.scale_mask_softmax.default",
+        FLOAT,
+        "same",
+        "softmax(x * scale + mask) along dim in float32; bool mask keeps True",
+    ),
+    _e(
         "portable.rms_norm.default",
         FLOAT,
         "norm",

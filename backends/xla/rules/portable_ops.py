@@ -73,6 +73,18 @@ def attention_backward(ctx, grad, q, k, v, mask=None, is_causal=False, scale=Non
     return vjp(grad.astype(q.dtype))
 
 
+@RULES.register("portable.scale_mask_softmax.default")
+def scale_mask_softmax(ctx, x, mask=None, scale=1.0, dim=-1):
+    compute = opmath(x.dtype)
+    s = x.astype(compute) * jnp.asarray(scale, compute)
+    if mask is not None:
+        if mask.dtype == jnp.bool_:
+            s = jnp.where(mask, s, jnp.asarray(-jnp.inf, compute))
+        else:
+            s = s + mask.astype(compute)
+    return jax.nn.softmax(s, axis=dim).astype(out_dtype(ctx))
+
+
 def rms_norm(x, normalized_shape, weight=None, eps=None):
     compute = opmath(x.dtype)
     eps = jnp.finfo(compute).eps if eps is None else eps

@@ -17,15 +17,12 @@ from portable.torch_compat import copy_graph_module
 
 from .base import Backend, Capabilities, Compiled, Lowered, Target
 
-# Ops whose CPU kernels arrive with their own issue (MX quantization semantics).
-_WITHOUT_CPU_KERNEL = frozenset({"portable.mx_quantize.default", "portable.mx_dequantize.default"})
-
 
 class CpuBackend(Backend):
     name = "cpu"
 
     def capabilities(self) -> Capabilities:
-        ops = frozenset(opset_table()) - _WITHOUT_CPU_KERNEL
+        ops = frozenset(opset_table())
         return Capabilities(ops=ops, program_kinds=frozenset(ProgramKind))
 
     def lower(self, program: Program, target: Target) -> Lowered:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.metadata
 
 import pytest
@@ -90,20 +91,34 @@ def test_cpu_capabilities_hold_for_every_claimed_op_used_by_examples(example_spe
     assert backend.can_execute_here() == (True, "")
 
 
-def test_cpu_refuses_ops_without_kernels():
-    backend = get_backend("cpu")
-    assert "portable.mx_quantize.default" not in backend.capabilities().ops
+def test_backend_refuses_ops_outside_its_capabilities():
+    """Capabilities are data: an op a backend does not claim fails lowering with a
+    LoweringError naming the op, the backend and the user's source line."""
+    from portable.backends.base import Target
+    from portable.backends.cpu import CpuBackend
+
+    class CpuWithoutMx(CpuBackend):
+        name = "cpu-without-mx"
+
+        def capabilities(self):
+            caps = super().capabilities()
+            return dataclasses.replace(caps, ops=caps.ops - {"portable.mx_quantize.default"})
 
     class Quantizes(torch.nn.Module):
         def forward(self, x):
             codes, scales = torch.ops.portable.mx_quantize(x, "e4m3", -1, "floor", 32)
             return codes
 
+    assert "portable.mx_quantize.default" in get_backend("cpu").capabilities().ops
     program = portable.capture(Quantizes(), (torch.randn(2, 64),))
     with pytest.raises(portable.LoweringError) as info:
-        portable.compile(program, backend="cpu")
+        CpuWithoutMx().lower(program, Target("cpu-without-mx"))
+    assert info.value.op == "portable.mx_quantize.default"
+    assert info.value.backend == "cpu-without-mx"
     message = str(info.value)
-    assert "portable.mx_quantize.default" in message and "test_registry.py" in message
+    assert "cpu-without-mx has no rule for portable.mx_quantize.default" in message
+    assert "test_registry.py" in message
+    get_backend("cpu").lower(program, Target("cpu"))  # the real cpu backend takes it
 
 
 def test_backend_subclass_contract():

@@ -2,20 +2,23 @@
 
 `mx_quantize(x, format, axis, scale_rule, block_size)` returns `(codes, scales)`: uint8 element
 codes (FP4 packs two codes per byte along `axis`) and uint8 E8M0 scale bytes, one per block of
-`block_size` elements along `axis`. `mx_dequantize` inverts it to `dtype`. The bit-level
-semantics (see shared/reference/mx.md) and their CPU kernels belong to the `mx-quantize` pass;
-until then these ops have schemas and shape rules only, and the `cpu` backend reports them as
-unsupported.
+`block_size` elements along `axis`. `mx_dequantize` inverts it to `dtype`.
+
+The bit-level semantics (shared/reference/mx.md) are defined once, in `portable.mx`, whose
+`quantize` / `dequantize` are these ops' CPU kernels (contiguous outputs; InputError for an axis
+length that is not a multiple of `block_size`). The fake kernels give shapes only.
 """
 
 from __future__ import annotations
 
 import torch
 
+from portable import mx
+
 from .library import define
 
-FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8")
-SCALE_RULES = ("floor", "rceil", "ceil", "even")
+FORMATS = tuple(mx.FORMATS)
+SCALE_RULES = mx.SCALE_RULES
 
 define(
     "mx_quantize(Tensor x, str format, int axis, str scale_rule='floor', int block_size=32) "
@@ -55,3 +58,13 @@ def _mx_dequantize_fake(codes, scales, format, axis, dtype, block_size=32):
     if format == "e2m1":
         shape[axis] *= 2
     return codes.new_empty(shape, dtype=dtype)
+
+
+@torch.library.register_kernel("portable::mx_quantize", "cpu")
+def _mx_quantize_cpu(x, format, axis, scale_rule="floor", block_size=32):
+    return mx.quantize(x, format, axis, scale_rule, block_size)
+
+
+@torch.library.register_kernel("portable::mx_dequantize", "cpu")
+def _mx_dequantize_cpu(codes, scales, format, axis, dtype, block_size=32):
+    return mx.dequantize(codes, scales, format, axis, dtype, block_size)

@@ -19,11 +19,13 @@ registry: Registry[type[Backend]] = Registry(
         "cpu": "portable.backends.cpu:CpuBackend",
         "xla": "portable.backends.xla:XlaBackend",
         "neuron": "portable.backends.neuron:NeuronBackend",
+        "cuda": "portable.backends.cuda:CudaBackend",
     },
 )
 
 
-def get_backend(name: str) -> Backend:
-    """An instance of the backend registered as `name` (RegistryError if unknown)."""
+def get_backend(name: str, options: object | None = None) -> Backend:
+    """An instance of the backend registered as `name` (RegistryError if unknown), built with
+    its options object (e.g. `CudaOptions`, `NeuronOptions`) when one is given."""
     cls = registry.get(name)
-    return cls()
+    return cls() if options is None else cls(options)  # type: ignore[call-arg]

@@ -47,6 +47,8 @@ class Capabilities:
     program_kinds: frozenset[ProgramKind]
     variants: tuple[str, ...] = ()  # accepted target variants; empty means none
     writes_artifacts: bool = True
+    # a variant may list several (`cuda:sm_90,sm_100`); the CLI lowers a backend's targets together
+    combines_variants: bool = False
 
     def supports_op(self, name: str) -> bool:
         return self.ops is None or name in self.ops
@@ -100,7 +102,12 @@ class Backend(abc.ABC):
                 f"backend {self.name} does not take {program.kind.value} programs",
                 fix=f"it takes: {', '.join(sorted(k.value for k in caps.program_kinds))}",
             )
-        if target.variant is not None and target.variant not in caps.variants:
+        variants = (
+            target.variant.split(",")
+            if caps.combines_variants and target.variant
+            else [target.variant]
+        )
+        if target.variant is not None and any(v not in caps.variants for v in variants):
             raise BackendError(
                 f"unknown target {target}",
                 fix=f"variants of {self.name}: {', '.join(caps.variants) or '(none)'}",

@@ -30,11 +30,14 @@ def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001
     return impl.executable(impl.compile(impl.lower(program, target)))
 
 
-def lower(program: Program, target: str, out_dir: str | Path | None = None):
-    """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`."""
+def lower(
+    program: Program, target: str, out_dir: str | Path | None = None, options: object | None = None
+):
+    """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`; `options` is
+    the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None."""
     from .backends import Target, get_backend
 
     t = Target.parse(target)
-    impl = get_backend(t.backend)
+    impl = get_backend(t.backend, options)
     lowered = impl.lower(program, t)
     return impl.compile(lowered, Path(out_dir) if out_dir is not None else None)

@@ -20,3 +20,39 @@ def test_cpu_overhead_benchmark_runs_and_writes_its_block(tmp_path):
     bench.write(doc, bench.table({"mlp": row}))
     text = doc.read_text()
     assert "old" not in text and "| mlp |" in text and text.endswith("after\n")
+
+
+def test_gpu_check_dry_run_exercises_every_part(tmp_path):
+    """benchmarks/gpu_check.py runs on a GPU machine; its --dry-run runs the same code on CPU
+    (Triton interpreted, tiny sizes), so the script is known to work before a GPU is lent."""
+    import json
+    import os
+
+    import pytest
+
+    pytest.importorskip("triton")
+    assert os.environ.get("TRITON_INTERPRET") == "1"  # tests/conftest.py
+    spec = importlib.util.spec_from_file_location("_bench_gpu_check", BENCH / "gpu_check.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    out = tmp_path / "gpu.json"
+    doc = tmp_path / "perf.md"
+    code = bench.main(
+        ["--dry-run", "--examples", "mlp,gpt", "--json", str(out), "--write", str(doc)]
+    )
+    assert code == 0
+    result = json.loads(out.read_text())
+    assert [(r["model"], r["kind"]) for r in result["parity"]] == [
+        ("mlp", "inference"),
+        ("mlp", "training"),
+        ("gpt", "inference"),
+        ("gpt", "training"),
+    ]
+    assert all(r["ok"] for r in result["parity"])
+    kernels = " ".join(r["kernel"] for r in result["bandwidth"])
+    for name in ("mx_quantize", "mx_dequantize", "scale_mask_softmax", "attention"):
+        assert name in kernels
+    assert {r["case"] for r in result["attention"]} == {"causal", "padding mask + causal"}
+    assert result["mx_matmul"]["path"].startswith("emulated")
+    assert all(r["ok"] for r in result["pt2"])
+    assert bench.MARK in doc.read_text()

@@ -55,11 +55,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
-        "program": {
-            "name": program.name,
-            "kind": program.kind.value,
-            "content_hash": program.content_hash,
-        },
+        "program": program.identity(),
         "target": {
             "backend": "neuron",
             "variant": target.name,

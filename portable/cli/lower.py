@@ -93,6 +93,11 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
         help="compilers run at once with --compile (default: one per program, at most one per CPU)",
     )
     p.add_argument(
+        "--aot",
+        action="store_true",
+        help="cuda targets: also write an AOTInductor package (needs a CUDA device here)",
+    )
+    p.add_argument(
         "--force", action="store_true", help="replace an earlier `portable lower` output in DIR"
     )
     p.add_argument(
@@ -103,13 +108,24 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
 
 
 def target_dir(target: Target) -> str:
-    """The folder name of a target's artifacts: `cuda:sm_90` -> `cuda_sm_90` (every character
-    other than letters, digits, `.`, `_` and `-` becomes `_`, so a target never names a path)."""
+    """The folder name of a target's artifacts: `neuron:trn3` -> `neuron_trn3` (every character
+    other than letters, digits, `.`, `_` and `-` becomes `_`, so a target never names a path).
+    A backend that lowers several variants together writes one folder named after it
+    (`cuda:sm_90,sm_100` -> `cuda`, with a folder per arch inside)."""
+    if _combines(target.backend):
+        return target.backend
     return re.sub(r"[^A-Za-z0-9._-]", "_", str(target))
+
+
+def _combines(backend: str) -> bool:
+    if backend not in registry.names():
+        return False
+    return get_backend(backend).capabilities().combines_variants
 
 
 def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args.target)
+    _check_aot(args, targets)
     passes = _parse_passes(args.passes)
     compiler = require_compiler(targets) if args.compile else None
     check_destination(args.out, force=args.force)  # fail before a long capture, again at commit
@@ -126,7 +142,9 @@ def run(args: argparse.Namespace) -> int:
             program, applied = _apply_passes(program, passes, progress)
         with progress.stage("save", f"saving {ARCHIVE}"):
             program.save(tmp / ARCHIVE)
-        lowered = [_lower_one(program, t, tmp, progress) for t in targets]
+        lowered = [
+            _lower_one(program, t, tmp, progress, _backend_options(args, t)) for t in targets
+        ]
         compiled = None
         if compiler is not None:
             compiled = compile_targets(
@@ -158,7 +176,60 @@ def parse_targets(texts: list[str]) -> list[Target]:
     targets = list(dict.fromkeys(Target.parse(n) for n in names))
     for target in targets:
         get_backend(target.backend)  # RegistryError listing the registered backends
-    return targets
+    return _combine_variants(targets)
+
+
+def _combine_variants(targets: list[Target]) -> list[Target]:
+    """`cuda:sm_90`, `cuda:sm_100` -> one `cuda:sm_90,sm_100` (at the first one's place) for
+    backends that lower several variants at once; a bare `cuda` means all of its variants."""
+    out: list[Target] = []
+    merged: dict[str, int] = {}
+    for target in targets:
+        if not _combines(target.backend):
+            out.append(target)
+            continue
+        if target.backend not in merged:
+            merged[target.backend] = len(out)
+            out.append(target)
+            continue
+        i = merged[target.backend]
+        have = out[i].variant
+        if have is None or target.variant is None:
+            out[i] = Target(target.backend, None)
+        else:
+            variants = dict.fromkeys(have.split(",") + target.variant.split(","))
+            out[i] = Target(target.backend, ",".join(variants))
+    return out
+
+
+def _backend_options(args: argparse.Namespace, target: Target) -> object | None:
+    if target.backend == "cuda" and args.aot:
+        from ..backends.cuda import CudaOptions
+
+        return CudaOptions(aot=True)
+    return None
+
+
+def _check_aot(args: argparse.Namespace, targets: list[Target]) -> None:
+    """--aot needs a cuda target and a CUDA device: say so before a long capture."""
+    if not args.aot:
+        return
+    import torch
+
+    from ..errors import BackendError
+
+    if not any(t.backend == "cuda" for t in targets):
+        raise BackendError(
+            "--aot writes AOTInductor packages for cuda targets; none was given",
+            fix="add --target cuda (or drop --aot)",
+        )
+    if not torch.cuda.is_available():
+        raise BackendError(
+            "--aot compiles an AOTInductor package for the CUDA device present; this machine "
+            "has none",
+            fix="drop --aot here (the kernels' PTX/cubin and the .pt2 are written without it), "
+            "or run the same command on a GPU machine",
+        )
 
 
 def _parse_passes(texts: list[str]) -> list[Pass]:
@@ -181,11 +252,13 @@ def _apply_passes(
     return program, applied
 
 
-def _lower_one(program: Program, target: Target, root: Path, progress: Progress) -> dict[str, Any]:
+def _lower_one(
+    program: Program, target: Target, root: Path, progress: Progress, options: object | None
+) -> dict[str, Any]:
     folder = root / target_dir(target)
     folder.mkdir()
     with progress.stage(f"lower:{target}", f"lowering for {target}"):
-        lower_program(program, str(target), folder)
+        lower_program(program, str(target), folder, options)
     ok, why = get_backend(target.backend).can_execute_here()
     return {
         "target": str(target),

@@ -62,6 +62,10 @@ class Program:
 
         return program_hash(self)
 
+    def identity(self) -> dict[str, str]:
+        """name, kind and content hash: how manifests name the program they were made from."""
+        return {"name": self.name, "kind": self.kind.value, "content_hash": self.content_hash}
+
     def state(self) -> dict[str, torch.Tensor]:
         """Weights keyed by input placeholder name, in signature order."""
         return {i.name: self.weights[i.target] for i in self.signature.state_inputs}

@@ -36,27 +36,27 @@ def _single_rank(op: str, group_size: int, x: torch.Tensor) -> torch.Tensor:
     return x.clone()
 
 
-@torch.library.register_kernel("portable::all_reduce", "cpu")
+@torch.library.register_kernel("portable::all_reduce", ("cpu", "cuda"))
 def _all_reduce_cpu(x, reduce_op, axis, group_size):
     return _single_rank("all_reduce", group_size, x)
 
 
-@torch.library.register_kernel("portable::all_gather", "cpu")
+@torch.library.register_kernel("portable::all_gather", ("cpu", "cuda"))
 def _all_gather_cpu(x, dim, axis, group_size):
     return _single_rank("all_gather", group_size, x)
 
 
-@torch.library.register_kernel("portable::reduce_scatter", "cpu")
+@torch.library.register_kernel("portable::reduce_scatter", ("cpu", "cuda"))
 def _reduce_scatter_cpu(x, reduce_op, dim, axis, group_size):
     return _single_rank("reduce_scatter", group_size, x)
 
 
-@torch.library.register_kernel("portable::all_to_all", "cpu")
+@torch.library.register_kernel("portable::all_to_all", ("cpu", "cuda"))
 def _all_to_all_cpu(x, split_dim, concat_dim, axis, group_size):
     return _single_rank("all_to_all", group_size, x)
 
 
-@torch.library.register_kernel("portable::wait", "cpu")
+@torch.library.register_kernel("portable::wait", ("cpu", "cuda"))
 def _wait_cpu(x):
     return x.clone()
 

@@ -116,7 +116,7 @@ def _eager_grads(fn, inputs, grad):
     ]
 
 
-@torch.library.register_kernel("portable::attention_backward", "cpu")
+@torch.library.register_kernel("portable::attention_backward", ("cpu", "cuda"))
 def _attention_backward_cpu(grad, q, k, v, mask=None, is_causal=False, scale=None):
     """(dq, dk, dv) of attention_reference, by eager autograd (grouped kv heads sum back)."""
     return tuple(
@@ -210,12 +210,12 @@ def _norm_dims(x: torch.Tensor, normalized_shape) -> list[int]:
     return list(range(x.dim() - len(normalized_shape), x.dim()))
 
 
-@torch.library.register_kernel("portable::rms_norm", "cpu")
+@torch.library.register_kernel("portable::rms_norm", ("cpu", "cuda"))
 def _rms_norm_cpu(x, normalized_shape, weight=None, eps=None):
     return torch.rms_norm(x, normalized_shape, weight, eps).contiguous()
 
 
-@torch.library.register_kernel("portable::layer_norm", "cpu")
+@torch.library.register_kernel("portable::layer_norm", ("cpu", "cuda"))
 def _layer_norm_cpu(x, normalized_shape, weight=None, bias=None, eps=1e-5):
     return torch.layer_norm(x, normalized_shape, weight, bias, eps).contiguous()
 
@@ -243,7 +243,7 @@ def _rms_norm_grad(ctx, grad):
     return dx, None, (dw if weight is not None else None), None
 
 
-@torch.library.register_kernel("portable::rms_norm_backward", "cpu")
+@torch.library.register_kernel("portable::rms_norm_backward", ("cpu", "cuda"))
 def _rms_norm_backward_cpu(grad, x, normalized_shape, weight=None, eps=None):
     """(dx, dweight) of rms_norm by eager autograd; dweight is zeros when there is no weight."""
     if weight is None:

@@ -113,7 +113,9 @@ class ParityReport:
 def compare(
     backend: str, quantity: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
 ) -> ParityRow:
-    """One row: elementwise |got - want| <= atol + rtol * |want| (NaN matches NaN)."""
+    """One row: elementwise |got - want| <= atol + rtol * |want| (NaN matches NaN); a result
+    on another device (cuda) is compared on the reference's device."""
+    got = got.to(want.device)
     if got.shape != want.shape or got.dtype != want.dtype:
         return ParityRow(
             backend,

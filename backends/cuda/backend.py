@@ -1,0 +1,150 @@
+"""`cuda`: programs lowered to PyTorch + Triton for Hopper (sm_90) and Blackwell (sm_100).
+
+lower    -> export graph (ATen + kernel-backed portable ops) and one kernel graph per arch
+            (lowering.py), every Triton launch planned from the graph's fake values
+compile  -> with an out_dir: each kernel compiled ahead of time per arch (aot.py), the `.pt2`
+            (pt2.py), graph code, manifest (layout.py); with `--aot` on a CUDA machine also an
+            AOTInductor package
+executable -> the kernel graph of the device's arch under `torch.compile`, state on the device;
+            BackendError naming the backends that run here when there is no CUDA device
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from pathlib import Path
+
+import torch
+
+from portable.errors import BackendError
+from portable.ir.program import Program, ProgramKind
+from portable.opset import opset_table
+from portable.runtime import Executable
+
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from .options import CudaOptions
+from .targets import ARCHS, CudaArch, arch_of_capability, parse_archs
+
+__all__ = ["CudaBackend", "CudaLowered"]
+
+
+@dataclasses.dataclass
+class CudaLowered:
+    archs: tuple[CudaArch, ...]
+    export_gm: torch.fx.GraphModule
+    decisions: list  # export-graph decisions (sdpa / triton), shared by every arch
+    kernel_gms: dict[str, torch.fx.GraphModule]  # arch name -> kernel graph
+    arch_decisions: dict[str, list]  # arch name -> MX matmul decisions
+    launches: dict[str, list]  # arch name -> KernelLaunches, in graph order
+
+
+class CudaBackend(Backend):
+    name = "cuda"
+
+    def __init__(self, options: CudaOptions | None = None) -> None:
+        self.options = options or CudaOptions()
+
+    def capabilities(self) -> Capabilities:
+        # Every opset op: ATen ops run as PyTorch ops, portable ops as ATen rewrites, device-
+        # generic kernels or Triton kernels. The variant is one arch or a comma list of them.
+        return Capabilities(
+            ops=frozenset(opset_table()),
+            program_kinds=frozenset(ProgramKind),
+            variants=tuple(ARCHS),
+            combines_variants=True,
+        )
+
+    def can_execute_here(self) -> tuple[bool, str]:
+        if self.options.device == "cpu":
+            if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+                return False, (
+                    "device='cpu' runs the Triton kernels in Triton's interpreter: set "
+                    "TRITON_INTERPRET=1 before Python starts"
+                )
+            return _triton_importable()
+        if not torch.cuda.is_available():
+            return False, "no CUDA device on this machine"
+        cap = torch.cuda.get_device_capability()
+        if arch_of_capability(*cap) is None:
+            return (
+                False,
+                f"CUDA device of compute capability {cap[0]}.{cap[1]} (sm_90 or sm_100 needed)",
+            )
+        return _triton_importable()
+
+    def lower(self, program: Program, target: Target) -> Lowered:
+        from .dispatch import planned_launches
+        from .lowering import export_graph, kernel_graph
+
+        archs = parse_archs(target.variant)  # BackendError naming the archs there are
+        self.check_program(program, target)
+        export_gm, decisions = export_graph(program)
+        kernel_gms, arch_decisions, launches = {}, {}, {}
+        for arch in archs:
+            gm, mx = kernel_graph(export_gm, arch)
+            kernel_gms[arch.name], arch_decisions[arch.name] = gm, mx
+            launches[arch.name] = planned_launches(gm)
+        texts = {"graph.py": export_gm.code}
+        texts.update({f"{a}/graph.py": gm.code for a, gm in kernel_gms.items()})
+        payload = CudaLowered(archs, export_gm, decisions, kernel_gms, arch_decisions, launches)
+        variant = ",".join(a.name for a in archs)
+        return Lowered(program, Target(self.name, variant), texts=texts, payload=payload)
+
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        """With `out_dir`: kernels compiled for every arch, the `.pt2`, graphs and manifest."""
+        files: list[Path] = []
+        if out_dir is not None:
+            from .layout import write_layout
+
+            files = write_layout(Path(out_dir), lowered, self.options)
+        return Compiled(lowered, files, payload=lowered.payload)
+
+    def executable(self, compiled: Compiled) -> Executable:
+        ok, why = self.can_execute_here()
+        if not ok:
+            from .. import get_backend, registry
+
+            here = [
+                n
+                for n in registry.names()
+                if n != self.name and get_backend(n).can_execute_here()[0]
+            ]
+            raise BackendError(
+                f"cuda programs need a CUDA GPU: {why}; backends that run here: {', '.join(here)}",
+                fix="run on a machine with an sm_90 or sm_100 GPU, or use `portable lower "
+                "--target cuda:sm_90 --target cuda:sm_100` to write the kernels and .pt2 here",
+            )
+        return _executable(compiled.lowered, self.options)
+
+
+def _triton_importable() -> tuple[bool, str]:
+    try:
+        import triton  # noqa: F401
+    except ImportError:
+        return False, "triton is not installed (pip install 'portable[cuda]')"
+    return True, ""
+
+
+def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
+    from .lowering import kernel_graph
+
+    payload: CudaLowered = lowered.payload
+    device = torch.device(options.device)
+    if device.type == "cuda":
+        arch = arch_of_capability(*torch.cuda.get_device_capability(device))
+    else:
+        arch = payload.archs[0]  # on CPU every kernel is interpreted; the graph of the first arch
+    gm = payload.kernel_gms.get(arch.name)
+    if gm is None:
+        gm, _ = kernel_graph(payload.export_gm, arch)
+    gm = gm.to(device)
+    fn = torch.compile(gm, dynamic=False) if options.torch_compile else gm
+
+    def run(flat):
+        with torch.no_grad():
+            return fn(*[t.to(device) for t in flat])
+
+    exe = Executable(lowered.program, run, "cuda")
+    exe.state = {k: v.to(device) for k, v in exe.state.items()}
+    return exe

@@ -1,0 +1,171 @@
+"""Program -> torch.fx GraphModules over PyTorch ops and Triton kernels.
+
+Two graphs come out, both over the program's flat signature (placeholders in signature order):
+
+- the **export graph** (arch-neutral): portable ops that PyTorch covers become ATen ops
+  (`attention` -> `aten.scaled_dot_product_attention`, the norms -> `aten.rms_norm` /
+  `aten.layer_norm`); the ops that need kernels of their own stay `portable::` ops, which run on
+  CPU through portable's reference kernels and on CUDA through the Triton kernels registered in
+  `ops.py`. This graph is what the `.pt2` holds.
+- one **kernel graph** per arch: the export graph with those `portable::` ops (and ATen's
+  softmax, as the scale-mask-softmax kernel with scale 1 and no mask) replaced by direct calls
+  of the Triton launchers in `dispatch.py` (so `torch.compile` sees the Triton kernels, and on
+  CPU the same graph runs them in Triton's interpreter), and on archs with native MX the
+  `dequantize -> matmul` pattern replaced by the block-scaled matmul (`mx_matmul.py`).
+
+Every rewritten node keeps its metadata (fake value, user source line). Each node that does not
+simply stay a PyTorch op gets a `Decision` naming what runs it, which the manifest records.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import torch
+
+from portable.ir.program import Program
+from portable.ir.source import source_of
+from portable.opset import lookup, op_name
+from portable.torch_compat import copy_graph_module
+
+from . import dispatch
+from .mx_matmul import rewrite_mx_matmuls
+from .targets import CudaArch
+
+__all__ = ["Decision", "export_graph", "kernel_graph"]
+
+aten = torch.ops.aten
+portable = torch.ops.portable
+
+
+@dataclasses.dataclass(frozen=True)
+class Decision:
+    """How one node runs: `impl` is "pytorch", "sdpa", "triton:<kernel>", "native-mx" or
+    "emulated-mx"; `reason` says why when it is not the obvious choice."""
+
+    node: str
+    op: str
+    impl: str
+    reason: str = ""
+    source: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", None)}
+
+
+def _decision(node: torch.fx.Node, op: str, impl: str, reason: str = "") -> Decision:
+    src = source_of(node)
+    return Decision(node.name, op, impl, reason, src.location() if src else None)
+
+
+def _args(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in."""
+    schema = node.target._schema  # type: ignore[union-attr]
+    bound: dict[str, Any] = {}
+    for i, arg in enumerate(schema.arguments):
+        if i < len(node.args):
+            bound[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            bound[arg.name] = node.kwargs[arg.name]
+        else:
+            bound[arg.name] = arg.default_value if arg.has_default_value() else None
+    return bound
+
+
+def _full_args(node: torch.fx.Node) -> tuple[tuple, dict]:
+    """The node's arguments, all positional, defaults filled in (kernel ops have no defaults)."""
+    return tuple(_args(node).values()), {}
+
+
+def _shape(value: Any) -> tuple:
+    return tuple(value.meta["val"].shape) if isinstance(value, torch.fx.Node) else ()
+
+
+def sdpa_covers(args: dict[str, Any]) -> tuple[bool, str]:
+    """Whether PyTorch's scaled_dot_product_attention computes this attention as it is.
+
+    SDPA refuses `attn_mask` together with `is_causal`; everything else portable's attention
+    expresses (bool/float masks, top-left causal, scale, grouped kv heads) it takes directly."""
+    if args["mask"] is not None and args["is_causal"]:
+        return False, "mask and is_causal together (SDPA takes one or the other)"
+    return True, ""
+
+
+def _replace(graph: torch.fx.Graph, node: torch.fx.Node, target: Any, args, kwargs=None):
+    with graph.inserting_before(node):
+        new = graph.call_function(target, tuple(args), kwargs or {})
+    new.meta = dict(node.meta)
+    node.replace_all_uses_with(new)
+    graph.erase_node(node)
+    return new
+
+
+# portable op -> the ATen op that computes exactly what its reference kernel computes
+_ATEN_EQUIVALENTS = {
+    "portable.rms_norm.default": (
+        aten.rms_norm.default,
+        ("x", "normalized_shape", "weight", "eps"),
+    ),
+    "portable.layer_norm.default": (
+        aten.layer_norm.default,
+        ("x", "normalized_shape", "weight", "bias", "eps"),
+    ),
+}
+
+
+def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]]:
+    """The arch-neutral graph over ATen ops and the kernel-backed portable ops."""
+    gm = copy_graph_module(program.graph_module)
+    graph = gm.graph
+    decisions: list[Decision] = []
+    for node in list(graph.nodes):
+        if node.op != "call_function" or lookup(node.target) is None:
+            continue
+        name = op_name(node.target)
+        if name == "portable.attention.default":
+            a = _args(node)
+            covered, why = sdpa_covers(a)
+            if not covered:
+                decisions.append(_decision(node, name, "triton:attention", why))
+                continue
+            gqa = _shape(a["q"])[-3:-2] != _shape(a["k"])[-3:-2]
+            kwargs = {"attn_mask": a["mask"], "is_causal": a["is_causal"], "scale": a["scale"]}
+            if gqa:
+                kwargs["enable_gqa"] = True
+            sdpa = aten.scaled_dot_product_attention.default
+            _replace(graph, node, sdpa, (a["q"], a["k"], a["v"]), kwargs)
+            decisions.append(_decision(node, name, "sdpa"))
+        elif name in _ATEN_EQUIVALENTS:
+            target, names = _ATEN_EQUIVALENTS[name]
+            a = _args(node)
+            _replace(graph, node, target, tuple(a[n] for n in names))
+        elif name in dispatch.TRITON_OPS:
+            decisions.append(_decision(node, name, f"triton:{dispatch.TRITON_OPS[name].kernel}"))
+    graph.lint()
+    gm.recompile()
+    return gm, decisions
+
+
+def kernel_graph(
+    export_gm: torch.fx.GraphModule, arch: CudaArch
+) -> tuple[torch.fx.GraphModule, list[Decision]]:
+    """`export_gm` for `arch`: Triton-backed portable ops call their launchers directly."""
+    gm = copy_graph_module(export_gm)
+    graph = gm.graph
+    decisions = rewrite_mx_matmuls(gm, arch)
+    for node in list(graph.nodes):
+        if node.op != "call_function" or lookup(node.target) is None:
+            continue
+        if node.target is aten._softmax.default and not node.args[2]:
+            # softmax(x, dim) == scale_mask_softmax(x, None, 1.0, dim): one fused row kernel
+            smax = dispatch.KERNEL_OPS["scale_mask_softmax"].op
+            _replace(graph, node, smax, (node.args[0], None, 1.0, node.args[1]))
+            decisions.append(_decision(node, "aten._softmax.default", "triton:scale_mask_softmax"))
+            continue
+        entry = dispatch.TRITON_OPS.get(op_name(node.target))
+        if entry is not None:
+            _replace(graph, node, entry.op, *_full_args(node))
+    graph.lint()
+    gm.recompile()
+    return gm, decisions

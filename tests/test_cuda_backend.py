@@ -406,3 +406,21 @@ def test_mx_program_in_the_interpreter_is_bit_exact_with_cpu(arch):
     got = _interpreted(program, arch)(x)
     want = portable.compile(program, backend="cpu")(x)
     assert torch.equal(got, want)  # quantize kernels are bit-exact; same addmm on both
+
+
+def test_a_failed_lowering_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    from portable.backends.cuda import aot
+    from portable.errors import LoweringError
+
+    out = tmp_path / "cuda"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+
+    def refuse(launches, arch):
+        raise LoweringError("Triton refused", backend="cuda", fix="-")
+
+    monkeypatch.setattr(aot, "compile_kernels", refuse)
+    with pytest.raises(LoweringError):
+        portable.lower(_program("gpt", "inference"), "cuda:sm_90", out)
+    assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
+    assert [p.name for p in tmp_path.iterdir()] == ["cuda"]  # no temporary folder left

@@ -13,6 +13,9 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import shutil
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -40,12 +43,29 @@ def _sha256(path: Path) -> str:
 
 
 def write_layout(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
+    """Write the layout into `out`: built in a temporary sibling folder and moved in at the end,
+    so a failure (export, a kernel Triton refuses) leaves `out` as it was."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        files = _write(tmp, lowered, options)
+        out.mkdir(exist_ok=True)
+        for entry in sorted(tmp.iterdir()):
+            target = out / entry.name
+            if target.is_dir():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return [out / p.relative_to(tmp) for p in files]
+
+
+def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
     from .aot import compile_kernels, toolchain_versions
     from .pt2 import buffer_name, export_program, save_pt2
 
     payload = lowered.payload
     program = lowered.program
-    out.mkdir(parents=True, exist_ok=True)
     files: list[Path] = []
     for name, text in lowered.texts.items():
         path = out / name

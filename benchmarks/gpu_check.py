@@ -22,13 +22,14 @@ needs TRITON_INTERPRET=1 before Python starts): that is how CI keeps this script
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import os
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,22 +80,24 @@ def _spec(stem: str) -> portable.ModelSpec:
     return portable.spec_of(getattr(module, EXAMPLES[stem]))
 
 
-def _cuda_backend(dry_run: bool) -> str:
-    """The backend name parity runs on (a registered `cuda` that runs on CPU when dry-running)."""
+@contextlib.contextmanager
+def _cuda_backend(dry_run: bool) -> Iterator[str]:
+    """The backend name parity runs on: `cuda`, or for a dry run a cuda backend that runs on
+    CPU, registered only while the check runs."""
     if not dry_run:
-        return "cuda"
+        yield "cuda"
+        return
     from portable.backends import registry
     from portable.backends.cuda import CudaBackend, CudaOptions
 
     class CpuInterpretedCuda(CudaBackend):
-        name = "cuda"
+        name = "cuda-dry-run"
 
         def __init__(self, options=None) -> None:
             super().__init__(CudaOptions(device="cpu", torch_compile=False))
 
-    if "cuda-dry-run" not in registry.names():
-        registry.register("cuda-dry-run", CpuInterpretedCuda)
-    return "cuda-dry-run"
+    with registry.temporarily(CpuInterpretedCuda.name, CpuInterpretedCuda):
+        yield CpuInterpretedCuda.name
 
 
 def parity(stems: list[str], backend: str, budget_s: float) -> list[dict[str, Any]]:
@@ -356,7 +359,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--examples", default=",".join(EXAMPLES), help="comma list of examples")
     parser.add_argument("--json", type=Path, help="also write the results as JSON here")
     parser.add_argument("--write", type=Path, help="update this markdown file's gpu_check block")
-    parser.add_argument("--budget", type=float, default=150.0, help="seconds for the parity part")
+    parser.add_argument("--budget", type=float, default=200.0, help="seconds for the parity part")
     args = parser.parse_args(argv)
     if args.dry_run and os.environ.get("TRITON_INTERPRET") != "1":
         parser.error("--dry-run runs Triton in its interpreter: set TRITON_INTERPRET=1")
@@ -380,7 +383,8 @@ def main(argv: list[str] | None = None) -> int:
         }
     }
     stems = [s for s in args.examples.split(",") if s]
-    result["parity"] = parity(stems, _cuda_backend(args.dry_run), args.budget)
+    with _cuda_backend(args.dry_run) as backend:
+        result["parity"] = parity(stems, backend, args.budget)
     result["bandwidth"] = bandwidth(bench, args.dry_run)
     result["attention"] = attention_vs_sdpa(bench, args.dry_run)
     result["mx_matmul"] = mx_matmul(bench, args.dry_run)

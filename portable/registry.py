@@ -7,8 +7,9 @@ entry-point group, and a name may be registered only once.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from importlib.metadata import entry_points
 from typing import Generic, TypeVar
 
@@ -36,6 +37,15 @@ class Registry(Generic[T]):
                 fix=f"choose another name; registered {self.kind}s: {', '.join(self.names())}",
             )
         self._specs[name] = factory
+
+    @contextlib.contextmanager
+    def temporarily(self, name: str, factory: str | Callable[[], T]) -> Iterator[None]:
+        """`name` registered for the duration of a `with` block only (tools, tests)."""
+        self.register(name, factory)
+        try:
+            yield
+        finally:
+            self._specs.pop(name, None)
 
     def names(self) -> list[str]:
         self._load_plugins()

@@ -56,3 +56,6 @@ def test_gpu_check_dry_run_exercises_every_part(tmp_path):
     assert result["mx_matmul"]["path"].startswith("emulated")
     assert all(r["ok"] for r in result["pt2"])
     assert bench.MARK in doc.read_text()
+    from portable.backends import registry
+
+    assert "cuda-dry-run" not in registry.names()  # registered only while the check ran

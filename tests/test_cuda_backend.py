@@ -24,7 +24,7 @@ from portable.ir.program import ProgramKind
 pytest.importorskip("triton")
 
 from portable.backends.cuda import CudaBackend, CudaOptions, load_pt2  # noqa: E402
-from portable.backends.cuda.lowering import export_graph  # noqa: E402
+from portable.backends.cuda.lowering import export_graph, retarget_devices  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = ("mlp", "cnn", "gpt", "llama", "moe")
@@ -283,6 +283,7 @@ def test_kernel_graph_traces_whole_under_torch_compile(kind):
     """Dynamo sees one opaque op per Triton kernel: the whole graph traces without a break."""
     program = _program("gpt", kind)
     gm = portable.lower(program, "cuda:sm_90").lowered.payload.kernel_gms["sm_90"]
+    retarget_devices(gm, "cpu")  # run here (the kernel graph creates its tensors on the GPU)
     batch = iter(_inputs("gpt", kind))
     flat = [
         next(batch) if i.target is None else program.weights[i.target]
@@ -424,3 +425,13 @@ def test_a_failed_lowering_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
         portable.lower(_program("gpt", "inference"), "cuda:sm_90", out)
     assert sorted(p.name for p in out.iterdir()) == ["keep.txt"]
     assert [p.name for p in tmp_path.iterdir()] == ["cuda"]  # no temporary folder left
+
+
+def test_kernel_graphs_create_tensors_on_the_gpu_and_executables_on_their_device(written):
+    """Capture traced on CPU (`arange(..., device=cpu)`); the kernel graph is for the GPU."""
+    compiled, out = written("gpt", "training")
+    export_code = (out / "graph.py").read_text()
+    assert "device(type='cpu')" in export_code  # the .pt2's graph: move_to_device_pass moves it
+    for arch in ("sm_90", "sm_100"):
+        code = (out / arch / "graph.py").read_text()
+        assert "device(type='cpu')" not in code and "device(type='cuda')" in code

@@ -127,7 +127,9 @@ def _triton_importable() -> tuple[bool, str]:
 
 
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
-    from .lowering import kernel_graph
+    from portable.torch_compat import copy_graph_module
+
+    from .lowering import kernel_graph, retarget_devices
 
     payload: CudaLowered = lowered.payload
     device = torch.device(options.device)
@@ -136,8 +138,8 @@ def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
     else:
         arch = payload.archs[0]  # on CPU every kernel is interpreted; the graph of the first arch
     gm = payload.kernel_gms.get(arch.name)
-    if gm is None:
-        gm, _ = kernel_graph(payload.export_gm, arch)
+    gm = kernel_graph(payload.export_gm, arch)[0] if gm is None else copy_graph_module(gm)
+    retarget_devices(gm, device)
     gm = gm.to(device)
     fn = torch.compile(gm, dynamic=False) if options.torch_compile else gm
 

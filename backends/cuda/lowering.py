@@ -147,12 +147,28 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
     return gm, decisions
 
 
+def retarget_devices(gm: torch.fx.GraphModule, device: torch.device | str) -> int:
+    """Point every factory op's `device=` at `device` (capture traced on CPU, so `arange`,
+    `full`, `scalar_tensor`, ... say `device=cpu`); returns how many nodes changed."""
+    device = torch.device(device)
+    changed = 0
+    for node in gm.graph.nodes:
+        old = node.kwargs.get("device") if node.op == "call_function" else None
+        if isinstance(old, torch.device) and old != device:
+            node.kwargs = {**node.kwargs, "device": device}
+            changed += 1
+    if changed:
+        gm.recompile()
+    return changed
+
+
 def kernel_graph(
     export_gm: torch.fx.GraphModule, arch: CudaArch
 ) -> tuple[torch.fx.GraphModule, list[Decision]]:
     """`export_gm` for `arch`: Triton-backed portable ops call their launchers directly."""
     gm = copy_graph_module(export_gm)
     graph = gm.graph
+    retarget_devices(gm, "cuda")  # what it runs on; executables retarget to their device
     decisions = rewrite_mx_matmuls(gm, arch)
     for node in list(graph.nodes):
         if node.op != "call_function" or lookup(node.target) is None:

@@ -435,3 +435,40 @@ def test_kernel_graphs_create_tensors_on_the_gpu_and_executables_on_their_device
     for arch in ("sm_90", "sm_100"):
         code = (out / arch / "graph.py").read_text()
         assert "device(type='cpu')" not in code and "device(type='cuda')" in code
+
+
+class _MXBackwardGemms(torch.nn.Module):
+    """The input- and weight-gradient GEMMs of the MX training recipe, written out:
+    dX = dq(dY along N) @ dq(W along N) and dW = dq(dY along M)^T @ dq(X along M)."""
+
+    def forward(self, dy, w, x):
+        ops = torch.ops.portable
+
+        def qdq(t, axis):
+            codes, scales = ops.mx_quantize(t, "e4m3", axis, "rceil", 32)
+            return ops.mx_dequantize(codes, scales, "e4m3", axis, torch.float32, 32)
+
+        return qdq(dy, 1) @ qdq(w, 0), qdq(dy, 0).t() @ qdq(x, 0)
+
+
+def _backward_gemm_inputs():
+    torch.manual_seed(0)
+    return torch.randn(32, 64), torch.randn(64, 96), torch.randn(32, 96)  # dy [M,N], w [N,K], x
+
+
+def test_gradient_gemms_in_either_orientation_go_native_on_sm_100():
+    inputs = _backward_gemm_inputs()
+    program = portable.capture(_MXBackwardGemms(), inputs)
+    decisions = portable.lower(program, "cuda:sm_100").lowered.payload.arch_decisions["sm_100"]
+    assert [d.impl for d in decisions] == ["native-mx", "native-mx"]
+    got = _interpreted(program, "sm_100")(*inputs)  # on CPU: the emulation inside mx_matmul
+    want = portable.compile(program, backend="cpu")(*inputs)
+    for g, w in zip(got, want, strict=True):
+        torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
+
+
+def test_fake_quantization_stays_emulated_on_sm_100():
+    program = portable.capture(_MXLinear("e4m3"), (torch.randn(16, 64),))
+    program.metadata["mx_quantize"] = {"mode": "fake"}
+    (decision,) = portable.lower(program, "cuda:sm_100").lowered.payload.arch_decisions["sm_100"]
+    assert decision.impl == "emulated-mx" and "mode=fake" in decision.reason

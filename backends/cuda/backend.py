@@ -75,14 +75,14 @@ class CudaBackend(Backend):
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .dispatch import planned_launches
-        from .lowering import export_graph, kernel_graph
+        from .lowering import export_graph, kernel_graph, mx_mode
 
         archs = parse_archs(target.variant)  # BackendError naming the archs there are
         self.check_program(program, target)
         export_gm, decisions = export_graph(program)
         kernel_gms, arch_decisions, launches = {}, {}, {}
         for arch in archs:
-            gm, mx = kernel_graph(export_gm, arch)
+            gm, mx = kernel_graph(export_gm, arch, mx_mode(program))
             kernel_gms[arch.name], arch_decisions[arch.name] = gm, mx
             launches[arch.name] = planned_launches(gm)
         texts = {"graph.py": export_gm.code}
@@ -129,7 +129,7 @@ def _triton_importable() -> tuple[bool, str]:
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
     from portable.torch_compat import copy_graph_module
 
-    from .lowering import kernel_graph, retarget_devices
+    from .lowering import kernel_graph, mx_mode, retarget_devices
 
     payload: CudaLowered = lowered.payload
     device = torch.device(options.device)
@@ -138,7 +138,10 @@ def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
     else:
         arch = payload.archs[0]  # on CPU every kernel is interpreted; the graph of the first arch
     gm = payload.kernel_gms.get(arch.name)
-    gm = kernel_graph(payload.export_gm, arch)[0] if gm is None else copy_graph_module(gm)
+    if gm is None:
+        gm = kernel_graph(payload.export_gm, arch, mx_mode(lowered.program))[0]
+    else:
+        gm = copy_graph_module(gm)
     retarget_devices(gm, device)
     gm = gm.to(device)
     fn = torch.compile(gm, dynamic=False) if options.torch_compile else gm

@@ -33,7 +33,7 @@ from . import dispatch
 from .mx_matmul import rewrite_mx_matmuls
 from .targets import CudaArch
 
-__all__ = ["Decision", "export_graph", "kernel_graph"]
+__all__ = ["Decision", "export_graph", "kernel_graph", "mx_mode", "retarget_devices"]
 
 aten = torch.ops.aten
 portable = torch.ops.portable
@@ -147,6 +147,12 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
     return gm, decisions
 
 
+def mx_mode(program: Program) -> str | None:
+    """The mx-quantize pass's mode recorded in the program ("fake" / "real"), or None."""
+    record = program.metadata.get("mx_quantize")
+    return record.get("mode") if isinstance(record, dict) else None
+
+
 def retarget_devices(gm: torch.fx.GraphModule, device: torch.device | str) -> int:
     """Point every factory op's `device=` at `device` (capture traced on CPU, so `arange`,
     `full`, `scalar_tensor`, ... say `device=cpu`); returns how many nodes changed."""
@@ -163,13 +169,14 @@ def retarget_devices(gm: torch.fx.GraphModule, device: torch.device | str) -> in
 
 
 def kernel_graph(
-    export_gm: torch.fx.GraphModule, arch: CudaArch
+    export_gm: torch.fx.GraphModule, arch: CudaArch, mx_mode: str | None = None
 ) -> tuple[torch.fx.GraphModule, list[Decision]]:
-    """`export_gm` for `arch`: Triton-backed portable ops call their launchers directly."""
+    """`export_gm` for `arch`: Triton-backed portable ops become kernel ops; `mx_mode` is the
+    mx-quantize pass's mode from the program's metadata (None without the pass)."""
     gm = copy_graph_module(export_gm)
     graph = gm.graph
     retarget_devices(gm, "cuda")  # what it runs on; executables retarget to their device
-    decisions = rewrite_mx_matmuls(gm, arch)
+    decisions = rewrite_mx_matmuls(gm, arch, mx_mode)
     for node in list(graph.nodes):
         if node.op != "call_function" or lookup(node.target) is None:
             continue

@@ -2,8 +2,10 @@
 
 Pattern (after the mx-quantize pass in `real` mode, or written by hand):
 
-    # mm(mx_dequantize(a, sa, f, axis=1), t(mx_dequantize(b, sb, f, axis=1)))     a: [M, K], b: [N, K]
-    #   == dequantize(a) @ dequantize(b)^T                  -> mx_matmul(a, sa, b, sb, f, dtype)
+    # mm(dq(a, axis=1), t(dq(b, axis=1)))   a: [M, K], b: [N, K]
+    #   == dq(a) @ dq(b)^T                                  -> mx_matmul(a, sa, b, sb, f, dtype)
+    # mm(dq(a, axis=1), dq(c, axis=0))      c: [K, N]  (== the above with b = c^T)
+    # mm(t(dq(d, axis=0)), ...)             d: [K, M]  (the lhs transposed: weight gradients)
     # addmm(bias, <same>)                                   -> mx_matmul(..., bias)
 
 Both operands quantized along K (the contraction dim), block 32, FP8 elements (e4m3 / e5m2):
@@ -27,8 +29,8 @@ NATIVE_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int}
 
 
-def _dequantize_along_k(node) -> dict | None:
-    """The mx_dequantize feeding a matmul operand, if it is 2-D and quantized along dim 1."""
+def _dequantize(node) -> dict | None:
+    """The 2-D mx_dequantize that `node` is, with its operands."""
     if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
         return None
     if node.target is not torch.ops.portable.mx_dequantize.default:
@@ -36,7 +38,7 @@ def _dequantize_along_k(node) -> dict | None:
     codes, scales, fmt, axis, dtype = node.args[:5]
     block = node.args[5] if len(node.args) > 5 else node.kwargs.get("block_size", 32)
     shape = tuple(node.meta["val"].shape)
-    if len(shape) != 2 or axis not in (1, -1):
+    if len(shape) != 2:
         return None
     return {
         "codes": codes,
@@ -44,26 +46,62 @@ def _dequantize_along_k(node) -> dict | None:
         "format": fmt,
         "dtype": dtype,
         "block": block,
+        "axis": axis % 2,
         "shape": shape,
-        "node": node,
     }
 
 
 def _transposed(node) -> torch.fx.Node | None:
-    if (
-        isinstance(node, torch.fx.Node)
-        and node.op == "call_function"
-        and node.target in _TRANSPOSES
-    ):
-        if node.target is aten.permute.default and list(node.args[1]) != [1, 0]:
-            return None
-        return node.args[0]
+    """x if `node` is a 2-D transpose of x."""
+    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
+        return None
+    if node.target is aten.permute.default and [d % 2 for d in node.args[1]] != [1, 0]:
+        return None
+    if node.target is aten.transpose.int and {d % 2 for d in node.args[1:3]} != {0, 1}:
+        return None
+    return node.args[0] if node.target in _TRANSPOSES else None
+
+
+def _operand(node, contraction: int) -> dict | None:
+    """A matmul operand that is a dequantized MX tensor blocked along the GEMM's contraction
+    dim (`contraction` = 1 for the lhs [M, K], 0 for the rhs [K, N]), directly or through a
+    transpose. Returns it oriented as [rows, K] blocked along dim 1 (what the native GEMM takes:
+    the lhs as is, the rhs as its [N, K] transpose), with `flip` saying whether the codes and
+    scales need a transpose to get there."""
+    direct = _dequantize(node)
+    if direct is not None and direct["axis"] == contraction:
+        direct["flip"] = contraction == 0
+        return direct
+    inner = _dequantize(_transposed(node))
+    if inner is not None and inner["axis"] == 1 - contraction:
+        inner["flip"] = contraction == 1
+        return inner
     return None
+
+
+def _oriented(graph: torch.fx.Graph, operand: dict) -> tuple:
+    """(codes, scales) as [rows, K] / [rows, K // 32] graph values (transposing if needed)."""
+    if not operand["flip"]:
+        return operand["codes"], operand["scales"]
+    codes = graph.call_function(aten.t.default, (operand["codes"],))
+    scales = graph.call_function(aten.t.default, (operand["scales"],))
+    for new, old in ((codes, operand["codes"]), (scales, operand["scales"])):
+        new.meta["val"] = old.meta["val"].t()
+        if "tensor" in old.meta:
+            from portable.ir.signature import TensorSpec
+
+            new.meta["tensor"] = TensorSpec.of(new.meta["val"])
+    return codes, scales
+
+
+def _rows_k(operand: dict) -> tuple[int, int]:
+    rows, k = operand["shape"]
+    return (k, rows) if operand["flip"] and operand["axis"] == 0 else (rows, k)
 
 
 def _native_refusal(a: dict, b: dict) -> str:
     """Why cuBLAS's block-scaled GEMM cannot take these operands ("" if it can)."""
-    (m, k), (n, _) = a["shape"], b["shape"]
+    (m, k), (n, _) = _rows_k(a), _rows_k(b)
     if a["format"] != b["format"] or a["format"] not in NATIVE_FORMATS:
         return f"format {a['format']}/{b['format']}: native MX matmul here takes e4m3 or e5m2"
     if a["block"] != 32 or b["block"] != 32:
@@ -75,8 +113,12 @@ def _native_refusal(a: dict, b: dict) -> str:
     return ""
 
 
-def rewrite_mx_matmuls(gm: torch.fx.GraphModule, arch: CudaArch) -> list:
-    """Replace every native-capable MX matmul in `gm` for `arch`; return one Decision each."""
+def rewrite_mx_matmuls(gm: torch.fx.GraphModule, arch: CudaArch, mode: str | None = None) -> list:
+    """Replace every native-capable MX matmul in `gm` for `arch`; return one Decision each.
+
+    `mode` is the mx-quantize pass's (program metadata): "fake" keeps every MX matmul emulated
+    (fake quantization means emulation on every target); "real" or hand-written MX ops use the
+    native GEMM where the arch has one."""
     from .dispatch import KERNEL_OPS
     from .lowering import Decision
 
@@ -87,20 +129,25 @@ def rewrite_mx_matmuls(gm: torch.fx.GraphModule, arch: CudaArch) -> list:
         if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
             continue
         bias, lhs, rhs = (None, *node.args[:2]) if node.target is aten.mm.default else node.args[:3]
-        a = _dequantize_along_k(lhs)
-        b = _dequantize_along_k(_transposed(rhs))
+        a, b = _operand(lhs, 1), _operand(rhs, 0)
         if a is None or b is None:
             continue
         src = source_of(node)
         where = src.location() if src else None
-        why = _native_refusal(a, b) if arch.native_mx else f"{arch.name} has no MX matmul"
+        if mode == "fake":
+            why = "mx-quantize mode=fake: fake quantization is emulated on every target"
+        elif not arch.native_mx:
+            why = f"{arch.name} has no MX matmul"
+        else:
+            why = _native_refusal(a, b)
         if why:
             decisions.append(Decision(node.name, "mx_matmul", "emulated-mx", why, where))
             continue
         with graph.inserting_before(node):
+            a_codes, a_scales = _oriented(graph, a)
+            b_codes, b_scales = _oriented(graph, b)
             new = graph.call_function(
-                mx_matmul,
-                (a["codes"], a["scales"], b["codes"], b["scales"], a["format"], a["dtype"], bias),
+                mx_matmul, (a_codes, a_scales, b_codes, b_scales, a["format"], a["dtype"], bias)
             )
         new.meta = dict(node.meta)
         node.replace_all_uses_with(new)
@@ -121,9 +168,9 @@ def scaled_mm_mx(a_codes, a_scales, b_codes, b_scales, fmt, dtype, bias=None):
     from portable.mx import swizzle_scales
 
     element = NATIVE_FORMATS[fmt]
-    a = a_codes.view(element)
-    b = b_codes.view(element).t()  # [K, N], column-major: what _scaled_mm wants for its rhs
-    sa = swizzle_scales(a_scales).view(torch.float8_e8m0fnu)
-    sb = swizzle_scales(b_scales).view(torch.float8_e8m0fnu)
+    a = a_codes.contiguous().view(element)
+    b = b_codes.contiguous().view(element).t()  # [K, N] column-major: _scaled_mm's rhs layout
+    sa = swizzle_scales(a_scales.contiguous()).view(torch.float8_e8m0fnu)
+    sb = swizzle_scales(b_scales.contiguous()).view(torch.float8_e8m0fnu)
     out = torch._scaled_mm(a, b, sa, sb, out_dtype=dtype)
     return out if bias is None else out + bias

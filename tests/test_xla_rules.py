@@ -22,6 +22,7 @@ import torch
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 import portable
+from portable import mx
 from portable.backends import Target
 from portable.backends.xla import XlaBackend
 from portable.backends.xla.rules import load_rules
@@ -34,6 +35,7 @@ from portable.ir.signature import (
     Signature,
     TensorSpec,
 )
+from portable.mx.vectors import fuzz
 from portable.opset import opset_table
 
 pytest.importorskip("jax")
@@ -44,10 +46,7 @@ FLOATS = (F32, BF16)
 INT64_MAX = 2**63 - 1
 
 # ops with no rule yet, and why (reviewed: adding an op to the opset must add a case or a line here)
-EXCLUDED = {
-    "portable.mx_quantize.default": "MX block-quantization semantics arrive with the MX issue",
-    "portable.mx_dequantize.default": "MX block-quantization semantics arrive with the MX issue",
-}
+EXCLUDED: dict[str, str] = {}
 
 # (rtol, atol) by dtype. float32: ~1e-6 (a few ulps of O(1) values after short sums);
 # bfloat16: one bf16 ulp (2^-8 relative), as torch and XLA may round an intermediate differently.
@@ -81,6 +80,7 @@ EXACT = (
         "aten.topk.default",
         "aten.max_pool2d_with_indices.default",
         "portable.wait.default",
+        "portable.mx_dequantize.default",  # exact: element * 2^(scale - 127), rounded once
         "portable.all_reduce.default",
         "portable.all_gather.default",
         "portable.reduce_scatter.default",
@@ -774,6 +774,14 @@ def _rms(d, weight=True, eps=None):
     return A(t(d, 2, 3, 8), [8], pos(d, 8) if weight else None, eps)
 
 
+def _mx_input(d):
+    return fuzz(5, 64).to(d)  # [64, 32]: NaN / Inf / zero blocks, subnormals, ties
+
+
+def _mx_codes(fmt, axis):
+    return mx.quantize(_mx_input(F32), fmt, axis, "floor")
+
+
 def _collective(op, *args):
     return C(f"portable.{op}.default", lambda d: A(t(d, 2, 3), *args), (F32, I64))
 
@@ -828,6 +836,16 @@ _PORTABLE = [
     _collective("reduce_scatter", "avg", 1, "tp", 1),
     _collective("all_to_all", 0, 1, "ep", 1),
     C("portable.wait.default", lambda d: A(t(d, 2, 3)), (F32, I64)),
+    # MX: the bytes of portable.mx (tests/test_mx_backends.py has the full table)
+    C("portable.mx_quantize.default", lambda d: A(_mx_input(d), "e4m3", -1, "rceil"), FLOATS),
+    C("portable.mx_quantize.default", lambda d: A(_mx_input(d), "e2m1", 0), (F32,), "fp4_axis0"),
+    C("portable.mx_dequantize.default", lambda d: A(*_mx_codes("e4m3", -1), "e4m3", -1, d), FLOATS),
+    C(
+        "portable.mx_dequantize.default",
+        lambda d: A(*_mx_codes("e2m1", 0), "e2m1", 0, d, 32),
+        (F32,),
+        "fp4_axis0",
+    ),
 ]
 
 # size arithmetic: the graph reads sizes of its input with sym_size, combines them, and makes a
@@ -1015,8 +1033,8 @@ def test_capabilities_are_what_the_table_runs():
     assert XlaBackend().capabilities().ops == frozenset(c.op for c in CASES)
 
 
-def test_excluded_op_is_refused_with_the_op_and_backend():
-    x = torch.randn(4, 32)
+def test_mx_arguments_are_refused_with_the_op_backend_and_fix():
+    x = torch.randn(4, 48)  # 48 along axis 1 is not a multiple of the block size 32
     with FakeTensorMode() as mode:
         codes, scales = torch.ops.portable.mx_quantize(mode.from_tensor(x), "e4m3", 1)
     inputs: list = []
@@ -1025,7 +1043,8 @@ def test_excluded_op_is_refused_with_the_op_and_backend():
     with pytest.raises(portable.LoweringError) as info:
         portable.compile(program, backend="xla")
     message = str(info.value)
-    assert "portable.mx_quantize.default" in message and "xla" in message
+    assert info.value.backend == "xla" and "portable.mx_quantize.default" in message
+    assert "48 is not a multiple of 32" in message and "fix: pad dim 1" in message
 
 
 @pytest.mark.parametrize(

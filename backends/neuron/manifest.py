@@ -48,10 +48,24 @@ NEEDS_HARDWARE = (
 )
 
 
+MX_LOWERING = {
+    "lowering": "emulated-hlo",
+    "hlo": "integer HLO on the values' bit patterns (bitcast-convert, and/or/xor, add/subtract, "
+    "shifts, compare/select, maximum/minimum/clamp, one s32 reduce-max per block); no FP8/FP4 "
+    "element types, no custom calls",
+    "reason": "bit-exact with portable.mx on every generation; the Trn3 QuantizeMX and "
+    "__op$block_scaled_dot custom calls are allow-listed, but their operand layouts and "
+    "backend_config are not publicly documented, so they cannot be produced or checked offline "
+    "and are not emitted",
+}
+
+
 def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
-    """The manifest of `lowered` (the lowering of `program`)."""
+    """The manifest of `lowered` (the lowering of `program`); an `mx` field only when the
+    program has MX ops."""
     target, options = lowered.target, lowered.options
     first = lowered.programs[0]
+    mx = _mx_summary(lowered)
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -79,6 +93,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
         },
         "programs": [_program(p) for p in lowered.programs],
         "collectives": _merged_collectives(lowered),
+        **({"mx": mx} if mx else {}),
         "validation": {
             "checks": [check.__name__ for check in CHECKS],
             "errors": 0,
@@ -132,6 +147,20 @@ def _program(prog: NeuronProgram) -> dict[str, Any]:
         "io_spec": prog.io_spec,
         "findings": [f.to_json() for f in prog.findings],
     }
+
+
+def _mx_summary(lowered: NeuronLowered) -> dict[str, Any] | None:
+    """How the MX quantize / dequantize ops of the programs were lowered (None without any)."""
+    names = ("portable.mx_quantize.default", "portable.mx_dequantize.default")
+    counts: collections.Counter[str] = collections.Counter(
+        str(node.target)
+        for prog in lowered.programs
+        for node in prog.program.graph.nodes
+        if node.op == "call_function" and str(node.target) in names
+    )
+    if not counts:
+        return None
+    return {"ops": sum(counts.values()), "by_op": dict(sorted(counts.items())), **MX_LOWERING}
 
 
 def _merged_collectives(lowered: NeuronLowered) -> dict[str, Any]:

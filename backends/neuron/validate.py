@@ -38,6 +38,7 @@ __all__ = [
 ALLOWED_OPCODES = frozenset(
     """
     abs add and atan2 bitcast bitcast-convert broadcast call cbrt ceil clamp clz compare
+    count-leading-zeros
     concatenate constant convert convolution copy cosine custom-call divide dot dynamic-slice
     dynamic-update-slice erf exponential exponential-minus-one floor gather get-tuple-element iota
     is-finite log log-plus-one logistic maximum minimum multiply negate not optimization-barrier or

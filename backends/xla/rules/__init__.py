@@ -36,6 +36,7 @@ _MODULES = (
     "nn",
     "losses",
     "portable_ops",
+    "mx",
     "symbolic",
     "neuron_overrides",
 )

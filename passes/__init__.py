@@ -35,6 +35,7 @@ registry: Registry[type[Pass]] = Registry(
     {
         "dce": "portable.passes.dce:DeadCodeElimination",
         "canonicalize": "portable.passes.canonicalize:Canonicalize",
+        "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
     },
 )
 

@@ -141,7 +141,10 @@ def test_parse_pipeline(test_registry):
 def test_unknown_pass_message():
     with pytest.raises(RegistryError) as info:
         parse_pass("canonicalise{disable=clone}")
-    assert str(info.value) == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, dce"
+    assert (
+        str(info.value)
+        == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, dce, mx-quantize"
+    )
     with pytest.raises(RegistryError, match="unknown pass 'nope'"):
         get_pass("nope")
 

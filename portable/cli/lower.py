@@ -139,7 +139,7 @@ def run(args: argparse.Namespace) -> int:
             program = source.program(training=args.train)
         applied: list[dict[str, Any]] = []
         if passes:
-            program, applied = _apply_passes(program, passes, progress)
+            program, applied = _apply_passes(program, passes, progress, source, args.train)
         with progress.stage("save", f"saving {ARCHIVE}"):
             program.save(tmp / ARCHIVE)
         lowered = [
@@ -241,15 +241,60 @@ def _parse_passes(texts: list[str]) -> list[Pass]:
 
 
 def _apply_passes(
-    program: Program, passes: list[Pass], progress: Progress
+    program: Program,
+    passes: list[Pass],
+    progress: Progress,
+    source: Source | None = None,
+    training: bool = False,
 ) -> tuple[Program, list[dict[str, Any]]]:
+    """Apply the passes in order; one manifest record per pass. After `mx-quantize`, the
+    quantization error of each quantized operand is measured on the spec's example inputs (the
+    batch with --train) and stored in the record as `layers` (None without examples)."""
     from ..passes import PassManager
 
+    applied, lines = [], []
     with progress.stage("passes", f"applying {len(passes)} pass(es)"):
-        program, reports = PassManager(passes).run(program)
-    progress.note("\n".join(r.summary() for r in reports))
-    applied = [{"spec": p.spec(), **r.to_json()} for p, r in zip(passes, reports, strict=True)]
+        for p in passes:
+            program, (report,) = PassManager([p]).run(program)
+            record = {"spec": p.spec(), **report.to_json()}
+            lines.append(report.summary())
+            if report.name == "mx-quantize":
+                lines += [f"  {note}" for note in report.notes]
+                if report.changed:
+                    lines += _mx_error_table(program, record, source, training)
+            applied.append(record)
+    progress.note("\n".join(lines))
     return program, applied
+
+
+def _mx_error_table(
+    program: Program, record: dict[str, Any], source: Source | None, training: bool
+) -> list[str]:
+    """Fill `record["layers"]` with mx-quantize's per-operand SQNR; the table's lines."""
+    from ..passes.mx_quantize import mx_error_report
+    from .table import format_table
+
+    if source is None or source.spec is None:
+        record["layers"] = None
+        return ["  SQNR not measured: an archive has no example inputs"]
+    inputs = source.spec.batch() if training else source.spec.inputs()
+    rows = mx_error_report(program, inputs)
+    layers: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        layer = layers.setdefault(
+            row["module"], {"module": row["module"], "gemms": [], "operands": []}
+        )
+        if row["gemm"] not in layer["gemms"]:
+            layer["gemms"].append(row["gemm"])
+        layer["operands"].append({k: v for k, v in row.items() if k != "module"})
+    record["layers"] = list(layers.values())
+    cells = [(r["module"], r["gemm"], r["operand"], r["dim"], _db(r["sqnr_db"])) for r in rows]
+    header = ["module", "GEMM", "operand", "dim", "SQNR dB"]
+    return format_table(header, cells, indent="  ").splitlines()
+
+
+def _db(value: float | None) -> str:
+    return "exact" if value is None else f"{value:.1f}"
 
 
 def _lower_one(

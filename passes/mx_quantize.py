@@ -1,0 +1,414 @@
+"""`mx-quantize`: MX quantize-dequantize both operands of every linear layer's GEMMs.
+
+The recipe (shared/reference/mx.md, "Training recipe"): each GEMM operand is quantized from high
+precision along *that* GEMM's contraction dim, block 32. `mx_gemms.py` finds the GEMMs (an
+inference program has one per linear layer, a training step three); this module rewrites them
+with one pattern, the same for every GEMM:
+
+    # mm(a, b) -> mm(dq(q(a, axis=1)), dq(q(b, axis=0)))        a: [M', C], b: [C, N'] (C contracted)
+    # addmm(bias, a, b) -> addmm(bias, <same>)
+    # an operand t(u) is quantized as t(dq(q(u, axis=0 | 1))): the high-precision tensor u is
+    #   quantized along its own dim that the GEMM contracts (bit-identical: MX blocks along dim 1
+    #   of u^T are the blocks along dim 0 of u); t(t(u)) is u.
+
+So the forward `X @ t(W)` quantizes X and W along K, the input gradient `dY @ t(t(W))` dY and
+W along N, the weight gradient `t(dY) @ X` dY and X along M (tokens). Every new node takes the
+GEMM's `meta["source"]`. The dequantized operand has the operand's dtype, so the GEMM's types do
+not change. Norms, softmax, attention, embeddings and optimizer state are never touched;
+`keep_first_last` keeps the first and last linear layers (typically the LM head) in high
+precision, `include` / `exclude` pick layers by module path (`re.search`).
+
+`mode=fake` and `mode=real` write the same graph; `program.metadata["mx_quantize"]` records the
+mode, which backends read: the `cuda` backend turns `real` q -> dq -> GEMM chains into a native
+block-scaled MX GEMM on sm_100 (e4m3 / e5m2), every other target (and `fake` everywhere)
+executes the emulation. `mx_error_report(program, inputs)` measures each quantized operand's
+SQNR on example inputs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import operator
+import re
+import typing
+from collections import Counter
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx import Node
+
+from portable import mx
+from portable.errors import InputError, PassError
+from portable.ir.program import Program
+from portable.ir.signature import InputKind, TensorSpec
+from portable.opset import op_name
+from portable.opset.mx_ops import codes_shape, scales_shape
+
+from .base import Pass, PassResult
+from .mx_gemms import CONTRACTION, GEMMS, Gemm, Layer, find_linear_gemms
+
+__all__ = ["MODES", "MXQuantize", "mx_error_report", "sqnr_db"]
+
+aten = torch.ops.aten
+MODES = ("fake", "real")
+BLOCK_SIZE = 32
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+_TRANSPOSES = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+
+
+@dataclasses.dataclass(frozen=True)
+class MXQuantize(Pass):
+    """MX-quantize both operands of every linear GEMM along its contraction dim (the recipe).
+
+    Each linear layer's forward GEMM, and in training steps its input-gradient and weight-gradient
+    GEMMs, get quantize -> dequantize (block 32) on both operands. Options: `format` (e4m3, e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil,
+    floor, ceil, even), `mode` (fake: emulation everywhere; real: native MX GEMMs where the
+    target has them), `include` / `exclude` (regexes searched in the module path),
+    `keep_first_last` (keep the first and last linear layers in high precision).
+
+    Counts: `layers` quantized, and GEMMs quantized per kind (`forward`, `input_grad`,
+    `weight_grad`). Notes: the layers kept in high precision and why, GEMMs left alone."""
+
+    name = "mx-quantize"
+    format: str = "e4m3"
+    scale: str = "rceil"
+    mode: str = "fake"
+    include: str | None = None
+    exclude: str | None = None
+    keep_first_last: bool = True
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        for option, value, valid in (
+            ("format", self.format, tuple(mx.FORMATS)),
+            ("scale", self.scale, mx.SCALE_RULES),
+            ("mode", self.mode, MODES),
+        ):
+            if value not in valid:
+                raise PassError(
+                    f"option {option!r} of pass {self.name!r} must be one of "
+                    f"{', '.join(valid)}; got {value!r}",
+                    pass_name=self.name,
+                    fix=f"use {option}={valid[0]} (valid: {', '.join(valid)})",
+                )
+        for option, pattern in (("include", self.include), ("exclude", self.exclude)):
+            if pattern is not None:
+                try:
+                    re.compile(pattern)
+                except re.error as exc:
+                    raise PassError(
+                        f"option {option!r} of pass {self.name!r} is not a valid regex: "
+                        f"{pattern!r} ({exc})",
+                        pass_name=self.name,
+                        fix='write a Python regex searched in the module path, e.g. "mlp|attn"',
+                    ) from None
+
+    def apply(self, program: Program) -> PassResult:
+        if "mx_quantize" in program.metadata:
+            raise PassError(
+                f"{program.name} is already MX-quantized "
+                f"(metadata mx_quantize: {_brief(program.metadata['mx_quantize'])})",
+                pass_name=self.name,
+                fix="apply mx-quantize once; choose the layers with include=/exclude=",
+            )
+        found = find_linear_gemms(program)
+        chosen, notes = self._select(found.layers)
+        plans = [(layer, _plan(layer, notes)) for layer in chosen]
+        plans = [(layer, gemms) for layer, gemms in plans if gemms]
+        if found.unmatched:
+            names = ", ".join(n.name for n in found.unmatched)
+            notes.append(f"backward GEMMs of no linear layer, kept: {names}")
+        counts = {"layers": len(plans), **dict.fromkeys(GEMMS, 0)}
+        if not plans:
+            return PassResult(program, self.report(False, counts, notes))
+        out = program.replace()
+        nodes = {n.name: n for n in out.graph.nodes}  # the copy keeps node names
+        layers = []
+        per_kind: Counter[str] = Counter()
+        for layer, gemms in plans:
+            operands = []
+            for gemm in gemms:
+                operands += self._rewrite(out.graph, nodes[gemm.node.name], gemm)
+                per_kind[gemm.role] += 1
+            roles = [r for r in GEMMS if any(g.role == r for g in gemms)]
+            layers.append(
+                {
+                    "module": layer.module,
+                    "weight": layer.weight_name,
+                    "gemms": roles,
+                    "operands": operands,
+                }
+            )
+        out.graph.lint()
+        out.graph_module.recompile()
+        out.metadata["mx_quantize"] = {
+            "format": self.format,
+            "scale": self.scale,
+            "mode": self.mode,
+            "block_size": BLOCK_SIZE,
+            "layers": layers,
+        }
+        counts.update(per_kind)
+        return PassResult(out, self.report(True, counts, notes))
+
+    # ---- which layers ------------------------------------------------------------------------
+
+    def _select(self, layers: list[Layer]) -> tuple[list[Layer], list[str]]:
+        """The layers to quantize, and a note per reason for the ones kept."""
+        kept: dict[str, list[str]] = {}
+        chosen = []
+        last = len(layers) - 1
+        for i, layer in enumerate(layers):
+            if self.keep_first_last and i in (0, last):
+                why = "first" if i == 0 else "last"
+                kept.setdefault(f"{why} linear layer (keep_first_last=true)", []).append(
+                    layer.module
+                )
+            elif self.include is not None and not re.search(self.include, layer.module):
+                kept.setdefault(f"not matched by include={self.include!r}", []).append(layer.module)
+            elif self.exclude is not None and re.search(self.exclude, layer.module):
+                kept.setdefault(f"matched by exclude={self.exclude!r}", []).append(layer.module)
+            else:
+                chosen.append(layer)
+        notes = [f"kept in high precision, {why}: {', '.join(mods)}" for why, mods in kept.items()]
+        if not layers:
+            notes.append("no linear layer (mm/addmm with a parameter operand) in the program")
+        return chosen, notes
+
+    # ---- the rewrite -------------------------------------------------------------------------
+
+    def _rewrite(self, graph: torch.fx.Graph, node: Node, gemm: Gemm) -> list[dict[str, Any]]:
+        # mm(a, b) -> mm(dq(q(a, 1)), dq(q(b, 0)))  (operands t(u) quantize u, see the module doc)
+        args = list(node.args)
+        records = []
+        for side, (index, label) in enumerate(zip(gemm.operand_indices, gemm.labels, strict=True)):
+            contraction = 1 - side  # lhs [M', C] along dim 1, rhs [C, N'] along dim 0
+            source, swapped = _through_transposes(typing.cast(Node, args[index]))
+            axis = 1 - contraction if swapped else contraction
+            q, dq = self._qdq(graph, source, axis, node)
+            args[index] = _transpose(graph, dq, node) if swapped else dq
+            records.append(
+                {
+                    "gemm": gemm.role,
+                    "node": node.name,
+                    "operand": label,
+                    "dim": CONTRACTION[gemm.role],
+                    "size": gemm.contraction_size,
+                    "tensor": source.name,
+                    "axis": axis,
+                    "quantize": q.name,
+                    "dequantize": dq.name,
+                }
+            )
+        old, node.args = node.args, tuple(args)
+        for value in old:
+            _erase_dead(value)
+        return records
+
+    def _qdq(self, graph: torch.fx.Graph, x: Node, axis: int, gemm: Node) -> tuple[Node, Node]:
+        """Insert `q = mx_quantize(x)`, `dq = mx_dequantize(q)` before `gemm`."""
+        spec = x.meta["tensor"]
+        shape, fmt = list(spec.shape), self.format
+        codes_spec = TensorSpec(tuple(codes_shape(shape, fmt, axis)), torch.uint8)
+        scales_spec = TensorSpec(tuple(scales_shape(shape, axis, BLOCK_SIZE)), torch.uint8)
+        portable = torch.ops.portable
+        with graph.inserting_before(gemm):
+            q = _call(
+                portable.mx_quantize.default,
+                (x, fmt, axis, self.scale),
+                (codes_spec, scales_spec),
+                gemm,
+            )
+            codes = _call(operator.getitem, (q, 0), codes_spec, gemm)
+            scales = _call(operator.getitem, (q, 1), scales_spec, gemm)
+            dq = _call(
+                portable.mx_dequantize.default,
+                (codes, scales, fmt, axis, spec.dtype),
+                spec,
+                gemm,
+            )
+        return q, dq
+
+
+def _plan(layer: Layer, notes: list[str]) -> list[Gemm]:
+    """The layer's GEMMs that MX can take: contraction a multiple of 32, float operands."""
+    ok = []
+    for gemm in layer.gemms:
+        size = gemm.contraction_size
+        dtypes = {
+            typing.cast(Node, gemm.node.args[i]).meta["tensor"].dtype for i in gemm.operand_indices
+        }
+        dim = CONTRACTION[gemm.role]
+        if not isinstance(size, int) or size % BLOCK_SIZE:
+            why = f"contraction dim {dim}={size} is not a multiple of {BLOCK_SIZE}"
+        elif not dtypes <= set(_DTYPES):
+            why = f"operand dtype {', '.join(sorted(map(str, dtypes)))} is not float32/bf16/fp16"
+        else:
+            ok.append(gemm)
+            continue
+        notes.append(f"{layer.module} {gemm.role} ({gemm.node.name}) kept: {why}")
+    return ok
+
+
+def _through_transposes(value: Node) -> tuple[Node, bool]:
+    """(u, swapped): `value` is u, or a chain of 2-D transposes of u that swaps its dims."""
+    swapped = False
+    while (
+        value.op == "call_function"
+        and value.target in _TRANSPOSES
+        and len(value.meta["tensor"].shape) == 2
+    ):
+        args: tuple[Any, ...] = tuple(value.args)
+        if value.target is aten.permute.default:
+            swap = [d % 2 for d in args[1]] == [1, 0]
+        elif value.target is aten.transpose.int:
+            swap = args[1] % 2 != args[2] % 2
+        else:
+            swap = True
+        swapped ^= swap
+        value = typing.cast(Node, value.args[0])
+    return value, swapped
+
+
+def _transpose(graph: torch.fx.Graph, x: Node, gemm: Node) -> Node:
+    spec = x.meta["tensor"]
+    with graph.inserting_before(gemm):
+        return _call(aten.t.default, (x,), TensorSpec(spec.shape[::-1], spec.dtype), gemm)
+
+
+def _call(target: Any, args: tuple[Any, ...], tensor: Any, gemm: Node) -> Node:
+    """A new op at the graph's insertion point, named like capture names it (%mx_quantize_1,
+    %getitem_5, %t_2), with `meta["tensor"]`, the GEMM's `meta["source"]` and, when its inputs
+    have one, a fake-tensor `meta["val"]` (what torch.export records; backends may read it)."""
+    name = "getitem" if target is operator.getitem else op_name(target).split(".")[1]
+    node = gemm.graph.create_node("call_function", target, args, name=name)
+    node.meta["tensor"] = tensor
+    if "source" in gemm.meta:
+        node.meta["source"] = gemm.meta["source"]
+    val = _fake_value(target, args)
+    if val is not None:
+        node.meta["val"] = val
+    return node
+
+
+def _fake_value(target: Any, args: tuple[Any, ...]) -> Any:
+    """`target` applied to the inputs' fake values (None if an input has none)."""
+    vals = [a.meta.get("val") if isinstance(a, Node) else a for a in args]
+    if any(isinstance(a, Node) and v is None for a, v in zip(args, vals, strict=True)):
+        return None
+    if target is operator.getitem:  # of mx_quantize's (codes, scales)
+        return typing.cast(tuple, vals[0])[typing.cast(int, vals[1])]
+    fake = next((v for v in vals if isinstance(v, FakeTensor)), None)
+    if fake is None:
+        return None
+    with fake.fake_mode:
+        return target(*vals)
+
+
+def _erase_dead(node: object) -> None:
+    """Erase `node` if nothing uses it any more, then its inputs likewise (the old operand
+    chains a rewrite replaced: `t(W)` once every GEMM takes `t(dq(W))`)."""
+    if isinstance(node, Node) and node.op == "call_function" and not node.users:
+        inputs = node.all_input_nodes
+        node.graph.erase_node(node)
+        for value in inputs:
+            _erase_dead(value)
+
+
+def _brief(record: object) -> str:
+    if isinstance(record, dict):
+        return ", ".join(f"{k}={record.get(k)}" for k in ("format", "scale", "mode"))
+    return repr(record)
+
+
+# ---- the error report --------------------------------------------------------------------------
+
+
+def mx_error_report(program: Program, inputs: Sequence[torch.Tensor]) -> list[dict[str, Any]]:
+    """Quantization error of every operand `mx-quantize` quantized in `program`, on `inputs`
+    (the user inputs of an inference program, the batch of a training step).
+
+    Runs the program's graph once on the CPU reference (an fx Interpreter over the graph, the
+    program's weights as state) and records each quantized operand's high-precision value x and
+    its dequantized value. One row per operand, in the order of `metadata["mx_quantize"]`:
+    `module`, `gemm`, `operand` (x, w, dy), `dim` (K, N, M), `shape`, and `sqnr_db` =
+    10 log10(sum x^2 / sum (x - dq(q(x)))^2), None when the error is zero (exact) or x is all
+    zero. An empty list for a program the pass did not change."""
+    record = program.metadata.get("mx_quantize")
+    if not isinstance(record, dict):
+        return []
+    rows = [
+        {"module": layer["module"], **operand}
+        for layer in record.get("layers", [])
+        for operand in layer["operands"]
+    ]
+    wanted = {r["quantize"] for r in rows} | {r["dequantize"] for r in rows}
+    values = _Recorder(program.graph_module, wanted).record(*_flat_inputs(program, inputs))
+    report = []
+    for row in rows:
+        x, dq = values.get(row["quantize"]), values.get(row["dequantize"])
+        if x is None or dq is None:  # a later pass removed the node
+            continue
+        report.append(
+            {
+                "module": row["module"],
+                "gemm": row["gemm"],
+                "operand": row["operand"],
+                "dim": f"{row['dim']}={row['size']}",
+                "shape": list(x.shape),
+                "sqnr_db": sqnr_db(x, dq),
+            }
+        )
+    return report
+
+
+def sqnr_db(x: torch.Tensor, approx: torch.Tensor) -> float | None:
+    """10 log10(sum x^2 / sum (x - approx)^2) in float64; None if either sum is zero."""
+    x64, a64 = x.detach().double(), approx.detach().double()
+    signal = float((x64 * x64).sum())
+    noise = float(((x64 - a64) ** 2).sum())
+    if signal == 0 or noise == 0 or not math.isfinite(signal / noise):
+        return None
+    return 10 * math.log10(signal / noise)
+
+
+class _Recorder(torch.fx.Interpreter):
+    """Runs the graph; keeps the input of each wanted mx_quantize and each wanted node's value."""
+
+    def __init__(self, gm: torch.fx.GraphModule, wanted: set[str]) -> None:
+        super().__init__(gm)
+        self.wanted = wanted
+        self.values: dict[str, torch.Tensor] = {}
+
+    def record(self, *args: torch.Tensor) -> dict[str, torch.Tensor]:
+        with torch.no_grad():
+            self.run(*args)
+        return self.values
+
+    def run_node(self, n: Node) -> Any:
+        result = super().run_node(n)
+        if n.name in self.wanted:
+            is_quantize = n.target is torch.ops.portable.mx_quantize.default
+            x = self.env[typing.cast(Node, n.args[0])] if is_quantize else None
+            self.values[n.name] = result if x is None else x  # a quantize's input
+        return result
+
+
+def _flat_inputs(program: Program, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """The graph's inputs: state from the program's weights, user inputs from `inputs`."""
+    users = program.signature.user_inputs
+    if len(inputs) != len(users):
+        names = ", ".join(f"{u.name}: {u.spec}" for u in users)
+        raise InputError(
+            f"{program.name} takes {len(users)} input(s), got {len(inputs)}",
+            fix=f"pass ({names})",
+        )
+    it = iter(inputs)
+    return [
+        next(it) if spec.kind is InputKind.USER_INPUT else program.weights[str(spec.target)]
+        for spec in program.signature.inputs
+    ]

@@ -70,6 +70,9 @@ class Pass(abc.ABC):
     its own `__post_init__` calls `super().__post_init__()` first."""
 
     name: ClassVar[str]
+    # False for passes that change the numbers on purpose (quantization): the program is then no
+    # longer compared with the eager model it was captured from (`portable lower --parity`)
+    preserves_numerics: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
         hints = typing.get_type_hints(type(self))

@@ -74,6 +74,7 @@ class MXQuantize(Pass):
     `weight_grad`). Notes: the layers kept in high precision and why, GEMMs left alone."""
 
     name = "mx-quantize"
+    preserves_numerics: typing.ClassVar[bool] = False
     format: str = "e4m3"
     scale: str = "rceil"
     mode: str = "fake"

@@ -529,3 +529,18 @@ def test_progress_on_a_terminal_prints_the_label_first():
     assert lines[0].startswith("[1/2] doing a ... ") and lines[0].endswith("s")
     assert lines[1].startswith("[2/2] doing b ... failed after ")
     assert set(progress.timings) == {"a", "b"}
+
+
+def test_parity_after_a_quantizing_pass_skips_the_eager_comparison(tmp_path, capsys):
+    """mx-quantize changes the numbers on purpose: backends are still compared with `cpu`, the
+    quantized `cpu` program is not compared with the unquantized eager model."""
+    out = tmp_path / "o"
+    code, stdout, _ = run(
+        capsys, "lower", MLP, "-p", "mx-quantize{keep_first_last=false}", "-t", "cpu",
+        "--parity", "--json", "--out", str(out),
+    )  # fmt: skip
+    assert code == ExitCode.OK
+    manifest = json.loads(stdout)["manifest"]
+    assert manifest["parity"]["eager_compared"] is False
+    assert manifest["passes"][0]["counts"]["forward"] == 2
+    assert {layer["module"] for layer in manifest["passes"][0]["layers"]} == {"fc1", "fc2"}

@@ -153,7 +153,14 @@ def run(args: argparse.Namespace) -> int:
         parity = None
         if args.parity:
             with progress.stage("parity", "checking parity against cpu"):
-                parity = run_parity(program, source, targets, rtol=args.rtol, atol=args.atol)
+                parity = run_parity(
+                    program,
+                    source,
+                    targets,
+                    rtol=args.rtol,
+                    atol=args.atol,
+                    compare_eager=all(p.preserves_numerics for p in passes),
+                )
         manifest = _manifest(args, source, program, tmp, applied, lowered, parity, progress)
         write_manifest(tmp, manifest)
     code = ExitCode.OK if parity is None or parity.ok else ExitCode.PARITY_MISMATCH

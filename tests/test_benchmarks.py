@@ -59,3 +59,79 @@ def test_gpu_check_dry_run_exercises_every_part(tmp_path):
     from portable.backends import registry
 
     assert "cuda-dry-run" not in registry.names()  # registered only while the check ran
+
+
+def _bench(stem: str):
+    spec = importlib.util.spec_from_file_location(f"_bench_{stem}", BENCH / f"{stem}.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    return bench
+
+
+def test_mx_quantize_benchmark_small_measures_every_format_and_writes_its_block(tmp_path, capsys):
+    bench = _bench("mx_quantize")
+    quant, dequant, info = bench.measure(bench.SMALL, repeat=1, torchao=False)
+    assert list(quant) == [f"{f} {r}" for f in bench.FORMATS for r in bench.RULES]
+    assert all(row["portable / copy"] > 0 and row["portable ms"] > 0 for row in quant.values())
+    assert quant["e4m3 rceil"]["goal"].startswith("<= 1.5x: ")
+    assert quant["e2m1 floor"]["goal"].startswith("<= 2x: ")
+    assert list(dequant) == list(bench.FORMATS)
+    assert info["numel"] == bench.SMALL and "not measured" in info["torchao"]
+    doc = tmp_path / "perf.md"
+    doc.write_text(f"# P\n\nbefore\n{bench.MARK}\nold\n{bench.MARK}\nafter\n")
+    bench.main(["--small", "--repeat", "1", "--no-torchao", "--write", str(doc)])
+    text = doc.read_text()
+    assert "old" not in text and "| e4m3 rceil |" in text and "| e2m1 |" in text
+    assert text.endswith("after\n") and "1 MiB float32" in capsys.readouterr().out
+
+
+def test_mx_training_benchmark_data_is_fixed_and_it_fails_clearly_without_the_pass(monkeypatch):
+    import pytest
+    import torch
+
+    bench = _bench("mx_training")
+    first, again = bench.markov_batches(3, 128), bench.markov_batches(3, 128)
+    assert torch.equal(
+        torch.stack([t for b in first for t in b]), torch.stack([t for b in again for t in b])
+    )
+    idx, targets = first[0]
+    assert idx.shape == targets.shape == (bench.BATCH, bench.SEQ)
+    assert torch.equal(idx[:, 1:], targets[:, :-1])  # targets are the next tokens
+    successors = {}
+    for prev, nxt in zip(idx.flatten().tolist(), targets.flatten().tolist(), strict=True):
+        successors.setdefault(prev, set()).add(nxt)
+    assert max(len(s) for s in successors.values()) <= bench.SUCCESSORS
+    monkeypatch.setattr(bench, "PASS", "mx-quantize-not-there")
+    with pytest.raises(SystemExit, match="`mx-quantize-not-there` pass is not registered"):
+        bench.measure(steps=2)
+
+
+def test_mx_training_benchmark_few_steps_records_both_curves(tmp_path):
+    import json
+    import math
+
+    import pytest
+
+    from portable.passes import registry
+
+    bench = _bench("mx_training")
+    assert bench.PASS in registry.names()
+    out, doc = tmp_path / "curves.json", tmp_path / "perf.md"
+    doc.write_text(f"# P\n{bench.MARK}\nold\n{bench.MARK}\n")
+    args = ["--steps", "3", "--json", str(out), "--write", str(doc)]
+    try:
+        import matplotlib  # noqa: F401
+
+        args += ["--plot", str(tmp_path / "curves.png")]
+    except ImportError:
+        pass
+    bench.main(args)
+    result = json.loads(out.read_text())
+    fp32, mx = result["losses"]["fp32"], result["losses"]["mxfp8"]
+    assert len(fp32) == len(mx) == 3 and all(math.isfinite(v) for v in fp32 + mx)
+    assert result["quantized_operands"] > 0
+    assert fp32 != mx and abs(fp32[0] - mx[0]) < 0.05  # same weights and batch, quantized GEMMs
+    assert result["gap"] == pytest.approx((result["final"]["mxfp8"] / result["final"]["fp32"]) - 1)
+    assert "old" not in doc.read_text() and "| mxfp8 |" in doc.read_text()
+    if "--plot" in args:
+        assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"

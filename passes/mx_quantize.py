@@ -42,11 +42,12 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
 from portable import mx
-from portable.errors import InputError, PassError
+from portable.errors import PassError
 from portable.ir.program import Program
-from portable.ir.signature import InputKind, TensorSpec
+from portable.ir.signature import TensorSpec
 from portable.opset import op_name
 from portable.opset.mx_ops import codes_shape, scales_shape
+from portable.runtime import flatten_inputs
 
 from .base import Pass, PassResult
 from .mx_gemms import CONTRACTION, GEMMS, Gemm, Layer, find_linear_gemms
@@ -348,7 +349,9 @@ def mx_error_report(program: Program, inputs: Sequence[torch.Tensor]) -> list[di
         for operand in layer["operands"]
     ]
     wanted = {r["quantize"] for r in rows} | {r["dequantize"] for r in rows}
-    values = _Recorder(program.graph_module, wanted).record(*_flat_inputs(program, inputs))
+    values = _Recorder(program.graph_module, wanted).record(
+        *flatten_inputs(program, inputs, program.weights)
+    )
     report = []
     for row in rows:
         x, dq = values.get(row["quantize"]), values.get(row["dequantize"])
@@ -397,19 +400,3 @@ class _Recorder(torch.fx.Interpreter):
             x = self.env[typing.cast(Node, n.args[0])] if is_quantize else None
             self.values[n.name] = result if x is None else x  # a quantize's input
         return result
-
-
-def _flat_inputs(program: Program, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    """The graph's inputs: state from the program's weights, user inputs from `inputs`."""
-    users = program.signature.user_inputs
-    if len(inputs) != len(users):
-        names = ", ".join(f"{u.name}: {u.spec}" for u in users)
-        raise InputError(
-            f"{program.name} takes {len(users)} input(s), got {len(inputs)}",
-            fix=f"pass ({names})",
-        )
-    it = iter(inputs)
-    return [
-        next(it) if spec.kind is InputKind.USER_INPUT else program.weights[str(spec.target)]
-        for spec in program.signature.inputs
-    ]

@@ -13,7 +13,7 @@ training step to the next, and shaping results.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 
@@ -21,7 +21,7 @@ from .errors import InputError
 from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind, TensorSpec
 
-__all__ = ["Executable", "StepResult"]
+__all__ = ["Executable", "StepResult", "flatten_inputs"]
 
 FlatFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -43,7 +43,6 @@ class Executable:
         self.state: dict[str, torch.Tensor] = {
             s.target: program.weights[s.target] for s in self._state_specs
         }
-        self._order = [(i.kind, i) for i in sig.inputs]
 
     @property
     def kind(self) -> ProgramKind:
@@ -67,23 +66,31 @@ class Executable:
         return user[0] if len(user) == 1 else tuple(user)
 
     def _flatten(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        users = self.program.signature.user_inputs
-        if len(inputs) != len(users):
-            names = ", ".join(f"{u.name}: {u.spec}" for u in users)
-            raise InputError(
-                f"{self.program.name} takes {len(users)} input(s), got {len(inputs)}",
-                fix=f"call it with ({names})",
-            )
-        it = iter(inputs)
-        flat = []
-        for kind, spec in self._order:
-            if kind is InputKind.USER_INPUT:
-                value = next(it)
-                _check_input(self.program, spec.name, spec.spec, value)
-                flat.append(value)
-            else:
-                flat.append(self.state[spec.target])
-        return flat
+        return flatten_inputs(self.program, inputs, self.state)
+
+
+def flatten_inputs(
+    program: Program, inputs: Sequence[torch.Tensor], state: Mapping[str, torch.Tensor]
+) -> list[torch.Tensor]:
+    """The graph's flat inputs in signature order: user inputs from `inputs` (checked against
+    the signature: InputError naming the input and the fix), state from `state` by weight key."""
+    users = program.signature.user_inputs
+    if len(inputs) != len(users):
+        names = ", ".join(f"{u.name}: {u.spec}" for u in users)
+        raise InputError(
+            f"{program.name} takes {len(users)} input(s), got {len(inputs)}",
+            fix=f"call it with ({names})",
+        )
+    it = iter(inputs)
+    flat = []
+    for spec in program.signature.inputs:
+        if spec.kind is InputKind.USER_INPUT:
+            value = next(it)
+            _check_input(program, spec.name, spec.spec, value)
+            flat.append(value)
+        else:
+            flat.append(state[spec.target])
+    return flat
 
 
 def _check_input(program: Program, name: str, spec: TensorSpec, value) -> None:

@@ -170,12 +170,6 @@ def reference_steps(model: Net, batches) -> list[tuple[torch.Tensor, dict[str, t
     return results
 
 
-def xla_has_mx() -> bool:
-    from portable.backends import get_backend
-
-    return get_backend("xla").capabilities().supports_op("portable.mx_quantize.default")
-
-
 # ---- golden text -----------------------------------------------------------------------------
 
 
@@ -368,19 +362,7 @@ def test_include_exclude(example_spec, options, modules):
 # ---- numerics --------------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(
-    "backend",
-    [
-        "cpu",
-        pytest.param(
-            "xla",
-            marks=pytest.mark.skipif(
-                not xla_has_mx(),
-                reason="the xla backend has no lowering for portable::mx_quantize yet",
-            ),
-        ),
-    ],
-)
+@pytest.mark.parametrize("backend", ["cpu", "xla"])
 @pytest.mark.parametrize("fmt", ["e4m3", "e2m1"])
 def test_training_step_matches_the_hand_written_recipe(backend, fmt):
     """The acceptance test: 3 SGD steps of the quantized program == the reference Net whose

@@ -66,8 +66,8 @@ class MXQuantize(Pass):
     """MX-quantize both operands of every linear GEMM along its contraction dim (the recipe).
 
     Each linear layer's forward GEMM, and in training steps its input-gradient and weight-gradient
-    GEMMs, get quantize -> dequantize (block 32) on both operands. Options: `format` (e4m3, e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil,
-    floor, ceil, even), `mode` (fake: emulation everywhere; real: native MX GEMMs where the
+    GEMMs, get quantize -> dequantize (block 32) on both operands. Options: `format` (e4m3,
+    e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil, floor, ceil, even), `mode` (fake: emulation everywhere; real: native MX GEMMs where the
     target has them), `include` / `exclude` (regexes searched in the module path),
     `keep_first_last` (keep the first and last linear layers in high precision).
 

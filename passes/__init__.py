@@ -36,6 +36,7 @@ registry: Registry[type[Pass]] = Registry(
         "dce": "portable.passes.dce:DeadCodeElimination",
         "canonicalize": "portable.passes.canonicalize:Canonicalize",
         "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
+        "softmax-fusion": "portable.passes.softmax_fusion:SoftmaxFusion",
     },
 )
 

@@ -143,7 +143,7 @@ def test_unknown_pass_message():
         parse_pass("canonicalise{disable=clone}")
     assert (
         str(info.value)
-        == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, dce, mx-quantize"
+        == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, dce, mx-quantize, softmax-fusion"
     )
     with pytest.raises(RegistryError, match="unknown pass 'nope'"):
         get_pass("nope")

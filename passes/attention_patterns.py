@@ -1,0 +1,447 @@
+"""Matchers for attention as captured (decomposed) graphs write it; used by `softmax-fusion`.
+
+Each matcher reads the graph and returns a description of what it found, or a `Miss` that says
+why not (the near-miss notes of `softmax-fusion{verbose=true}`); none of them changes the graph.
+The shapes below are those of 4-D attention, [B, H, L, D]; `~>` is a chain of reshapes, clones
+and same-shape expands (value-preserving, so the 3-D bmm operand is the 4-D tensor flattened):
+
+    # scores:  S = view(bmm(q ~> [B*H, Lq, D], kt ~> [B*H, D, Lk]), [B, H, Lq, Lk])
+    #          kt = transpose(k, -2, -1) | permute(k', p)         (k = k^T^T)
+    # chain:   s = S | s * c | s / c | s + m | where(c, fill, s) | where(c, s, fill)
+    #              | _to_copy(s) | clone(s)                          (walked from softmax back)
+    #          softmax(S * c + m) -- the mask after the scale; fill <= -1e30 (or -inf)
+    # probs:   P = _softmax(s, -1) ~> _to_copy / clone (dropout p=0) ~> P3 [B*H, Lq, Lk]
+    # output:  O = view(bmm(P3, v ~> [B*H, Lk, D]), [B, H, Lq, D])
+    #          => O = attention(q, k, v, mask, scale=c)
+    # GQA:     k = _unsafe_view(clone(expand(unsqueeze(kv, 2), [B, Hkv, n, L, D])), [B, H, L, D])
+    #          (repeat_kv / repeat_interleave) => attention(q, kv, ...) (heads repeat inside)
+    # q scale: q = q' * c  => attention(q', ..., scale=scale * c)
+    # causal:  bool mask tril(full([Lq, Lk], True)) => attention(..., is_causal=True)
+
+In a training step the backward of that chain is matched from the forward's saved values:
+
+    # dV3 = bmm(transpose(P3, 1, 2), dO3)      dP3 = bmm(dO3, transpose(V3, 1, 2))
+    # dS  = _softmax_backward_data(dP ~> , P) ~> where(c, 0, .) / * c / casts ~> dS3
+    # dQ3 = bmm(dS3, transpose(Kt3, 1, 2))     dKt3 = bmm(transpose(Q3, 1, 2), dS3)
+    #          => (dq, dk, dv) = attention_backward(dO, q, k, v, mask, scale=c)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import typing
+from typing import Any
+
+import torch
+from torch.fx import Node
+
+__all__ = ["Attention", "Backward", "Miss", "ScaleMask", "match_attention", "match_scale_mask"]
+
+aten = torch.ops.aten
+
+RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
+THROUGH = RESHAPES | {aten.clone.default, aten.alias.default, aten.expand.default}
+CASTS = frozenset({aten._to_copy.default})
+MUL = frozenset({aten.mul.Tensor, aten.mul.Scalar})
+DIV = frozenset({aten.div.Tensor, aten.div.Scalar})
+ADD = frozenset({aten.add.Tensor})
+WHERE = frozenset({aten.where.self})
+SOFTMAX = aten._softmax.default
+SOFTMAX_BACKWARD = aten._softmax_backward_data.default
+BMM = aten.bmm.default
+CONSTANTS = frozenset({aten.scalar_tensor.default, aten.full.default})
+# a fill at or below this is a mask: exp(fill - max) is 0 in every float format
+MASK_FILL = -1e30
+
+
+@dataclasses.dataclass(frozen=True)
+class Miss:
+    """Why a softmax is not attention (or not a scale-mask-softmax)."""
+
+    why: str
+
+
+@dataclasses.dataclass
+class ScaleMask:
+    """softmax(x * scale + mask) as found walking back from the softmax: `x` is the unscaled
+    input, `mask` a float (added) or bool (kept where True) tensor, `negate` when the kept
+    positions are `~mask`; `chain` the nodes between x and the softmax."""
+
+    x: Node
+    scale: float = 1.0
+    mask: Node | None = None
+    negate: bool = False
+    chain: list[Node] = dataclasses.field(default_factory=list)
+    tags: list[str] = dataclasses.field(default_factory=list)
+
+
+@dataclasses.dataclass
+class Backward:
+    """The training-step backward of one attention: the gradient in (`d_out3`, 3-D) and the
+    gradient bmm's that the rewrite replaces."""
+
+    d_out3: Node
+    dq3: Node
+    dkt3: Node
+    dv3: Node
+
+
+@dataclasses.dataclass
+class Attention:
+    softmax: Node
+    out3: Node  # the output bmm, [B*H, Lq, D]
+    q: Node
+    k: Node
+    v: Node
+    k_perm: list[int] | None  # k = permute(kt's source, k_perm) when kt is not transpose(k)
+    scale: float
+    mask: Node | None
+    negate: bool
+    out_shape: tuple[int, ...]
+    tags: list[str]
+    backward: Backward | None = None
+    is_causal: bool = False
+
+
+# ---- small helpers -------------------------------------------------------------------------
+
+
+def is_op(value: Any, targets: frozenset | Any) -> bool:
+    if not isinstance(value, Node) or value.op != "call_function":
+        return False
+    return value.target in targets if isinstance(targets, frozenset) else value.target is targets
+
+
+def shape(node: Node) -> tuple[Any, ...]:
+    return tuple(node.meta["tensor"].shape)
+
+
+def arg(node: Node, i: int) -> Node:
+    return typing.cast(Node, node.args[i])
+
+
+def constant(value: Any) -> float | None:
+    """A Python number, or a 0-d `scalar_tensor(c)` / `full([], c)`: its value; else None."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    if is_op(value, CONSTANTS):
+        node = typing.cast(Node, value)
+        if node.target is aten.full.default and list(typing.cast(list, node.args[0])):
+            return None
+        c = node.args[1] if node.target is aten.full.default else node.args[0]
+        if isinstance(c, (int, float)) and not isinstance(c, bool):
+            return float(c)
+    return None
+
+
+def dtype_only_cast(node: Node) -> bool:
+    allowed = {"dtype", "layout", "device", "memory_format"}
+    return is_op(node, CASTS) and set(node.kwargs) <= allowed and len(node.args) == 1
+
+
+def logical(node: Node, want: tuple[Any, ...]) -> Node | None:
+    """The tensor of shape `want` that `node` is a flattening of (`~>` in the module doc): the
+    first one of that shape up the chain (past clones and same-shape expands)."""
+    found = None
+    while True:
+        if shape(node) == want:
+            found = node
+        if not is_op(node, THROUGH):
+            return found
+        if node.target is aten.expand.default and shape(arg(node, 0)) != shape(node):
+            return found
+        node = arg(node, 0)
+
+
+def transpose_of(node: Node, rank: int) -> Node | None:
+    """x when `node` is transpose(x, a, b) swapping the last two dims (3-D batched matmul)."""
+    if is_op(node, aten.transpose.int):
+        dims = {typing.cast(int, d) % rank for d in node.args[1:3]}
+        if dims == {rank - 2, rank - 1}:
+            return arg(node, 0)
+    return None
+
+
+def _single_user(node: Node, nxt: Node) -> bool:
+    return set(node.users) == {nxt}
+
+
+# ---- scale and mask ------------------------------------------------------------------------
+
+
+def match_scale_mask(softmax: Node) -> ScaleMask | Miss:
+    """softmax(x * c + m): walk back from the softmax through masks, scales and casts."""
+    if softmax.args[2]:
+        return Miss("softmax with half_to_float=True")
+    found = ScaleMask(x=arg(softmax, 0))
+    node, nxt = found.x, softmax
+    scaled = False
+    while True:
+        if not _single_user(node, nxt):
+            break  # used elsewhere too: the chain stops here
+        if dtype_only_cast(node) or is_op(node, aten.clone.default):
+            if dtype_only_cast(node):
+                found.tags.append("fp32-softmax")
+        elif is_op(node, MUL | DIV) and constant(node.args[1]) is not None:
+            c = typing.cast(float, constant(node.args[1]))
+            found.scale *= c if node.target in MUL else 1.0 / c
+            found.tags.append("scale-mul" if node.target in MUL else "scale-div")
+            scaled = True
+        elif is_op(node, ADD) and found.mask is None and not _has_alpha(node):
+            a, b = arg(node, 0), arg(node, 1)
+            cont, mask = (b, a) if _scores_side(b) and not _scores_side(a) else (a, b)
+            if not isinstance(mask, Node) or not isinstance(cont, Node):
+                break
+            if scaled:
+                return Miss(f"%{node.name}: mask added before the scale ((s + m) * c)")
+            found.mask, found.negate = mask, False
+            found.tags.append("additive-mask")
+            found.chain.append(node)
+            nxt, node = node, cont
+            continue
+        elif is_op(node, WHERE) and found.mask is None:
+            cond, a, b = arg(node, 0), node.args[1], node.args[2]
+            fill_a, fill_b = constant(a), constant(b)
+            if fill_a is not None and fill_a <= MASK_FILL and isinstance(b, Node):
+                mask, negate, cont = cond, True, b  # where(c, -inf, s): keep ~c
+            elif fill_b is not None and fill_b <= MASK_FILL and isinstance(a, Node):
+                mask, negate, cont = cond, False, a  # where(c, s, -inf): keep c
+            else:
+                break
+            if scaled:
+                return Miss(f"%{node.name}: mask applied before the scale")
+            if is_op(mask, aten.bitwise_not.default) or is_op(mask, aten.logical_not.default):
+                mask, negate = arg(mask, 0), not negate
+            found.mask, found.negate = mask, negate
+            found.tags.append("bool-mask")
+            found.chain.append(node)
+            nxt, node = node, cont
+            continue
+        else:
+            break
+        found.chain.append(node)
+        nxt, node = node, arg(node, 0)
+    found.x = node
+    return found
+
+
+def _has_alpha(node: Node) -> bool:
+    return node.kwargs.get("alpha", 1) != 1
+
+
+def _scores_side(value: Any) -> bool:
+    """Whether `value` leads back (through the scale/cast chain) to a bmm: the scores."""
+    for _ in range(8):
+        if not isinstance(value, Node):
+            return False
+        if is_op(value, BMM):
+            return True
+        if not is_op(value, THROUGH | CASTS | MUL | DIV):
+            return False
+        value = value.args[0]
+    return False
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def match_attention(softmax: Node, training: bool) -> Attention | Miss:
+    """softmax(q @ k^T * c + m) @ v around `softmax` (see the module doc)."""
+    sm = match_scale_mask(softmax)
+    if isinstance(sm, Miss):
+        return sm
+    scores = sm.x
+    if not (is_op(scores, RESHAPES) and is_op(scores.args[0], BMM)):
+        return Miss(f"softmax input %{scores.name} is not a batched matmul q @ k^T")
+    if len(shape(scores)) != 4:
+        return Miss(f"scores %{scores.name} are {len(shape(scores))}-D, not [B, H, Lq, Lk]")
+    dim = typing.cast(int, softmax.args[1]) % 4
+    if dim != 3:
+        return Miss(f"softmax over dim {softmax.args[1]}, not the keys (dim -1)")
+    b, h, lq, lk = shape(scores)
+    bmm_s = arg(scores, 0)
+    if not _single_user(bmm_s, scores):
+        return Miss(f"scores %{bmm_s.name} are used elsewhere too")
+    q3, kt3 = arg(bmm_s, 0), arg(bmm_s, 1)
+    d = shape(q3)[-1]
+    q = logical(q3, (b, h, lq, d))
+    kt = logical(kt3, (b, h, d, lk))
+    if q is None or kt is None:
+        return Miss(f"bmm %{bmm_s.name} operands are not [B, H, L, D] tensors flattened")
+    k, k_perm = transpose_of(kt, 4), None
+    if k is None and is_op(kt, aten.permute.default):
+        perm = list(typing.cast(list, kt.args[1]))
+        k_perm = perm[:2] + [perm[3], perm[2]]
+        k = arg(kt, 0)
+    if k is None:
+        return Miss(f"%{kt.name} ({kt.target}) is not k transposed (k^T)")
+    probs = _probs(softmax, training)
+    if isinstance(probs, Miss):
+        return probs
+    p3, out3, tags = probs
+    v3 = arg(out3, 1)
+    dv = shape(v3)[-1]
+    v = logical(v3, (b, h, lk, dv))
+    if v is None:
+        return Miss(f"bmm %{out3.name} value operand is not a [B, H, Lk, D] tensor flattened")
+    found = Attention(
+        softmax,
+        out3,
+        q,
+        k,
+        v,
+        k_perm,
+        sm.scale,
+        sm.mask,
+        sm.negate,
+        (b, h, lq, dv),
+        sm.tags + tags,
+    )
+    if sm.mask is not None and not sm.negate and _causal(sm.mask, lq, lk):
+        found.mask, found.is_causal = None, True  # tril(ones(Lq, Lk)) keeps j <= i: causal
+        found.tags.append("causal-tril")
+    sbd = [u for u in softmax.users if is_op(u, SOFTMAX_BACKWARD)]
+    if sbd:
+        bwd = _backward(sbd, sm, p3, q3, kt3, v3)
+        if isinstance(bwd, Miss):
+            return bwd
+        found.backward = bwd
+    elif training is False:
+        _peel_inference(found)
+    return found
+
+
+def _causal(mask: Node, lq: int, lk: int) -> bool:
+    """mask = tril(full([Lq, Lk], True)): the top-left causal mask."""
+    if not is_op(mask, aten.tril.default) or len(mask.args) > 1 and mask.args[1] != 0:
+        return False
+    full = arg(mask, 0)
+    return (
+        is_op(full, aten.full.default)
+        and list(typing.cast(list, full.args[0])) == [lq, lk]
+        and full.args[1] is True
+    )
+
+
+def _probs(softmax: Node, training: bool) -> tuple[Node, Node, list[str]] | Miss:
+    """(P3, the output bmm, tags): softmax ~> P3 with bmm(P3, v3) among P3's users."""
+    node, tags = softmax, []
+    for _ in range(8):
+        forward = [u for u in node.users if not is_op(u, SOFTMAX_BACKWARD)]
+        out = [u for u in forward if is_op(u, BMM) and u.args[0] is node]
+        if out and len(shape(node)) == 3:
+            others = [u for u in forward if u is not out[0] and not _bwd_transpose(u)]
+            if others or len(out) != 1:
+                return Miss(f"probabilities %{node.name} are used elsewhere too")
+            return node, out[0], tags
+        if len(forward) != 1 or not (is_op(forward[0], THROUGH) or dtype_only_cast(forward[0])):
+            names = ", ".join(f"%{u.name}" for u in forward) or "nothing"
+            return Miss(f"probabilities %{node.name} go to {names}, not a matmul with v")
+        if node is not softmax and len(node.users) != 1:
+            return Miss(f"probabilities %{node.name} are used elsewhere too")
+        nxt = forward[0]
+        if is_op(nxt, aten.clone.default) and len(shape(nxt)) == 4:
+            tags.append("dropout-identity")
+        elif dtype_only_cast(nxt):
+            tags.append("fp32-softmax")
+        node = nxt
+    return Miss(f"no matmul with v after %{softmax.name}")
+
+
+def _bwd_transpose(node: Node) -> bool:
+    return transpose_of(node, 3) is not None and len(shape(node)) == 3
+
+
+def _peel_inference(found: Attention) -> None:
+    """Fold a scale on q or k and undo key/value repetition (GQA) into the attention op."""
+    for side in ("q", "k"):
+        x = getattr(found, side)
+        if is_op(x, MUL | DIV) and constant(x.args[1]) is not None and len(x.users) == 1:
+            c = typing.cast(float, constant(x.args[1]))
+            if shape(arg(x, 0)) == shape(x) and found.k_perm is None:
+                found.scale *= c if x.target in MUL else 1.0 / c
+                setattr(found, side, arg(x, 0))
+                found.tags.append(f"scale-on-{side}")
+    if found.k_perm is None:
+        k, v = _unrepeat(found.k), _unrepeat(found.v)
+        if k is not None and v is not None and shape(k)[1] == shape(v)[1]:
+            found.k, found.v = k, v
+            found.tags.append("gqa-repeat")
+
+
+def _unrepeat(x: Node) -> Node | None:
+    """kv for x = reshape(clone(expand(unsqueeze(kv, 2), [B, Hkv, n, L, D])), [B, Hkv*n, L, D])."""
+    if not is_op(x, RESHAPES):
+        return None
+    e = arg(x, 0)
+    while is_op(e, aten.clone.default):
+        e = arg(e, 0)
+    if not is_op(e, aten.expand.default) or len(shape(e)) != 5:
+        return None
+    u = arg(e, 0)
+    b, hkv, n, length, d = shape(e)
+    if shape(u) != (b, hkv, 1, length, d) or shape(x) != (b, hkv * n, length, d):
+        return None
+    if is_op(u, aten.unsqueeze.default) and typing.cast(int, u.args[1]) % 5 == 2:
+        return arg(u, 0)
+    if is_op(u, RESHAPES) and shape(arg(u, 0)) == (b, hkv, length, d):
+        return arg(u, 0)
+    return None
+
+
+# ---- training backward ---------------------------------------------------------------------
+
+
+def _backward(
+    sbd: list[Node], sm: ScaleMask, p3: Node, q3: Node, kt3: Node, v3: Node
+) -> Backward | Miss:
+    if len(sbd) != 1:
+        return Miss("the probabilities have several softmax backward users")
+    grad_in = sbd[0]
+    dv3 = _bwd_bmm(p3, lhs=True)
+    if dv3 is None:
+        return Miss(f"no dV = P^T @ dO for %{p3.name} in the backward")
+    d_out3 = arg(dv3, 1)
+    dp3 = _bwd_bmm(v3, lhs=False)
+    if dp3 is None or dp3.args[0] is not d_out3:
+        return Miss(f"no dP = dO @ V^T for %{v3.name} in the backward")
+    node = arg(grad_in, 0)
+    for _ in range(8):
+        if node is dp3:
+            break
+        if not (is_op(node, THROUGH) or dtype_only_cast(node)):
+            return Miss(f"softmax backward input %{node.name} is not dO @ V^T")
+        node = arg(node, 0)
+    else:
+        return Miss("softmax backward input is not dO @ V^T")
+    dkt3, dq3 = _bwd_bmm(q3, lhs=True), _bwd_bmm(kt3, lhs=False)
+    if dkt3 is None or dq3 is None or dkt3.args[1] is not dq3.args[0]:
+        return Miss("no dQ / dK bmm's sharing one score gradient in the backward")
+    ds3 = arg(dq3, 0)
+    node = grad_in
+    for _ in range(10):  # sbd ~> where(c, 0, .) / * c / casts ~> dS3
+        if node is ds3:
+            return Backward(d_out3, dq3, dkt3, dv3)
+        if len(node.users) != 1:
+            return Miss(f"score gradient %{node.name} is used elsewhere too (a mask gradient?)")
+        node = next(iter(node.users))
+        ok = is_op(node, THROUGH) or dtype_only_cast(node) or is_op(node, MUL | DIV | WHERE)
+        if not ok:
+            return Miss(f"score gradient goes through %{node.name} ({node.target})")
+    return Miss("score gradient does not reach the dQ / dK bmm's")
+
+
+def _bwd_bmm(saved: Node, lhs: bool) -> Node | None:
+    """The bmm that takes transpose(saved, 1, 2) as its left (`lhs`) or right operand."""
+    for t in saved.users:
+        if transpose_of(t, 3) is not saved:
+            continue
+        for u in t.users:
+            if is_op(u, BMM) and u.args[0 if lhs else 1] is t:
+                return u
+    return None
+
+
+def is_finite_scale(scale: float) -> bool:
+    return math.isfinite(scale) and scale != 0.0

@@ -1,0 +1,249 @@
+"""`softmax-fusion`: written-out attention -> `portable::attention`, and a standalone
+softmax(x * scale + mask) -> `portable::scale_mask_softmax`.
+
+The patterns (matchers in `attention_patterns.py`, whose docstring has the full algebra):
+
+    # softmax(q @ k^T * c + m) @ v                  -> attention(q, k, v, m, scale=c)
+    # softmax(where(~b, -inf, q @ k^T * c)) @ v      -> attention(q, k, v, b, scale=c)
+    # ... with k, v repeated per kv head (GQA)      -> attention(q, kv, vv, ...)  (inference)
+    # backward of the above (training step):
+    #   dV, dQ, dK^T bmm's around _softmax_backward_data -> attention_backward(dO, q, k, v, ...)
+    # softmax(x * c + m), not attention             -> scale_mask_softmax(x, m, c)
+
+In a training step the forward and its backward are replaced together, so the L x L
+probabilities are no longer kept for the backward (`attention_backward` recomputes them).
+An existing `portable::attention` (from `F.scaled_dot_product_attention`) is counted as
+`already-fused`. Counts: `attention`, `attention-backward`, `scale-mask-softmax`,
+`already-fused`, the sub-patterns each match used (`scale-mul`, `scale-div`, `scale-on-q`,
+`additive-mask`, `bool-mask`, `causal-tril`, `gqa-repeat`, `fp32-softmax`, `dropout-identity`) and
+`near-miss` (softmaxes left as they are). `verbose=true` adds a note per near miss saying why.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+import typing
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
+from torch.fx import Node
+
+from portable.ir.program import Program, ProgramKind
+from portable.ir.signature import TensorSpec
+from portable.opset import op_name
+
+from . import attention_patterns as ap
+from .base import Pass, PassResult
+
+__all__ = ["SoftmaxFusion"]
+
+aten = torch.ops.aten
+portable = torch.ops.portable
+
+
+@dataclasses.dataclass(frozen=True)
+class SoftmaxFusion(Pass):
+    """Fuse written-out attention (and its backward) and scale-mask-softmax (module doc).
+
+    Options: `attention` (fuse attention), `softmax` (fuse standalone scale-mask-softmax),
+    `verbose` (a note for every softmax left alone, with the reason)."""
+
+    name = "softmax-fusion"
+    attention: bool = True
+    softmax: bool = True
+    verbose: bool = False
+
+    def apply(self, program: Program) -> PassResult:
+        counts: Counter[str] = Counter(attention=0, **{"attention-backward": 0})
+        counts["already-fused"] = sum(
+            n.op == "call_function" and n.target is portable.attention.default
+            for n in program.graph.nodes
+        )
+        training = program.kind is ProgramKind.TRAINING_STEP
+        out = program.replace()
+        graph = out.graph
+        notes: list[str] = []
+        changed = False
+        for node in list(graph.nodes):
+            if node.graph is not graph or not ap.is_op(node, ap.SOFTMAX) or not node.users:
+                continue
+            why = "attention fusion disabled (attention=false)"
+            if self.attention:
+                found = ap.match_attention(node, training)
+                if isinstance(found, ap.Attention):
+                    _rewrite_attention(graph, found)
+                    counts["attention"] += 1
+                    counts["attention-backward"] += found.backward is not None
+                    counts.update(found.tags)
+                    changed = True
+                    continue
+                why = found.why
+            if self.softmax and _rewrite_scale_mask(graph, node, counts):
+                changed = True
+                continue
+            counts["near-miss"] += 1
+            if self.verbose:
+                notes.append(f"softmax %{node.name} ({_where(node)}) not fused: {why}")
+        counts = Counter({k: v for k, v in counts.items() if v or k in _ALWAYS})
+        if not changed:
+            return PassResult(program, self.report(False, dict(counts), notes))
+        graph.lint()
+        out.graph_module.recompile()
+        return PassResult(out, self.report(True, dict(counts), notes))
+
+
+_ALWAYS = ("attention", "attention-backward", "scale-mask-softmax", "already-fused")
+
+
+def _where(node: Node) -> str:
+    source = node.meta.get("source")
+    return str(source) if source is not None else "no source"
+
+
+# ---- attention -----------------------------------------------------------------------------
+
+
+def _rewrite_attention(graph: torch.fx.Graph, m: ap.Attention) -> None:
+    # softmax(q @ k^T * c + m) @ v -> attention(q, k, v, m, scale=c); the backward's bmm's
+    # (dV, dQ, dK^T) -> attention_backward(dO, q, k, v, m, scale=c)
+    like = m.softmax
+    with graph.inserting_before(m.out3):
+        k = m.k
+        if m.k_perm is not None:
+            k = _new(graph, aten.permute.default, (k, m.k_perm), like)
+        mask = m.mask
+        if mask is not None and m.negate:
+            mask = _new(graph, aten.bitwise_not.default, (mask,), like)
+        args = (m.q, k, m.v, mask, m.is_causal, m.scale)
+        att = _new(graph, portable.attention.default, args, like)
+    dead = [m.out3]
+    _replace_batched(graph, m.out3, att, like)
+    if m.backward is not None:
+        bw = m.backward
+        order = {n: i for i, n in enumerate(graph.nodes)}
+        first = min((bw.dq3, bw.dkt3, bw.dv3), key=order.__getitem__)
+        with graph.inserting_before(first):
+            d_out = ap.logical(bw.d_out3, m.out_shape)
+            if d_out is None:
+                d_out = _new(graph, aten.reshape.default, (bw.d_out3, list(m.out_shape)), like)
+            grads = _new(graph, portable.attention_backward.default, (d_out, *args), like)
+            dq, dk, dv = (_new(graph, operator.getitem, (grads, i), like) for i in range(3))
+            # dK^T in the bmm's (contiguous) layout: the graph's views of it need that layout
+            dkt = _new(graph, aten.transpose.int, (dk, -2, -1), like)
+            dkt = _new(graph, aten.clone.default, (dkt,), like, _CONTIGUOUS)
+        _replace_batched(graph, bw.dq3, dq, like)
+        _replace_batched(graph, bw.dv3, dv, like)
+        _replace_batched(graph, bw.dkt3, dkt, like)
+        dead += [bw.dq3, bw.dv3, bw.dkt3, dkt]
+    for node in dead:
+        _erase_dead(node)
+
+
+def _replace_batched(graph: torch.fx.Graph, old3: Node, new: Node, like: Node) -> None:
+    """Make `old3` ([B*H, L, D], a bmm) `new` ([B, H, L, D]) flattened: its reshapes back to
+    [B, H, L, D] become `new`, other users get reshape(new, [B*H, L, D])."""
+    for user in list(old3.users):
+        if ap.is_op(user, ap.RESHAPES) and ap.shape(user) == ap.shape(new):
+            user.replace_all_uses_with(new)
+            graph.erase_node(user)
+    if old3.users:
+        with graph.inserting_before(next(iter(old3.users))):
+            flat = _new(graph, aten.reshape.default, (new, list(ap.shape(old3))), like)
+        old3.replace_all_uses_with(flat)
+
+
+# ---- scale-mask-softmax --------------------------------------------------------------------
+
+
+def _rewrite_scale_mask(graph: torch.fx.Graph, softmax: Node, counts: Counter[str]) -> bool:
+    # softmax(x * c + m, dim) -> scale_mask_softmax(x, m, c, dim)   (m after the scale)
+    sm = ap.match_scale_mask(softmax)
+    if isinstance(sm, ap.Miss) or (sm.mask is None and sm.scale == 1.0):
+        return False
+    if not ap.is_finite_scale(sm.scale):
+        return False
+    x_shape = ap.shape(sm.x)
+    if sm.mask is not None:
+        try:
+            fits = torch.broadcast_shapes(x_shape, ap.shape(sm.mask)) == x_shape
+        except RuntimeError:
+            fits = False
+        if not fits:
+            return False
+    if ap.shape(softmax) != x_shape or softmax.meta["tensor"].dtype != sm.x.meta["tensor"].dtype:
+        return False
+    with graph.inserting_before(softmax):
+        mask = sm.mask
+        if mask is not None and sm.negate:
+            mask = _new(graph, aten.bitwise_not.default, (mask,), softmax)
+        dim = typing.cast(int, softmax.args[1])
+        fused = _new(
+            graph, portable.scale_mask_softmax.default, (sm.x, mask, sm.scale, dim), softmax
+        )
+    softmax.replace_all_uses_with(fused)
+    _erase_dead(softmax)
+    counts["scale-mask-softmax"] += 1
+    return True
+
+
+# ---- node creation -------------------------------------------------------------------------
+
+
+_CONTIGUOUS = {"memory_format": torch.contiguous_format}
+
+
+def _new(
+    graph: torch.fx.Graph,
+    target: Any,
+    args: tuple[Any, ...],
+    like: Node,
+    kwargs: dict[str, Any] | None = None,
+) -> Node:
+    """A new op at the insertion point with meta["val"] (fake), meta["tensor"] and `like`'s
+    meta["source"]."""
+    name = "getitem" if target is operator.getitem else op_name(target).split(".")[1]
+    node = graph.create_node("call_function", target, args, kwargs or {}, name=name)
+    val = _fake_value(target, args, kwargs or {})
+    node.meta["val"] = val
+    if isinstance(val, tuple):
+        node.meta["tensor"] = tuple(TensorSpec.of(v) for v in val)
+    else:
+        node.meta["tensor"] = TensorSpec.of(val)
+    if "source" in like.meta:
+        node.meta["source"] = like.meta["source"]
+    return node
+
+
+def _fake_value(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    vals = [a.meta.get("val") if isinstance(a, Node) else a for a in args]
+    if target is operator.getitem:
+        return typing.cast(tuple, vals[0])[typing.cast(int, vals[1])]
+    fake = next((v for v in vals if isinstance(v, FakeTensor)), None)
+    if fake is None:
+        vals = [_fake_from_spec(a) if isinstance(a, Node) else a for a in args]
+        return target(*vals, **kwargs)
+    with fake.fake_mode:
+        vals = [
+            _fake_from_spec(a, fake.fake_mode) if isinstance(a, Node) and v is None else v
+            for a, v in zip(args, vals, strict=True)
+        ]
+        return target(*vals, **kwargs)
+
+
+def _fake_from_spec(node: Node, mode: Any = None) -> Any:
+    spec = node.meta["tensor"]
+    t = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
+    return mode.from_tensor(t) if mode is not None else t
+
+
+def _erase_dead(node: object) -> None:
+    """Erase `node` if nothing uses it any more, then its inputs likewise."""
+    if isinstance(node, Node) and node.op == "call_function" and not node.users:
+        inputs = node.all_input_nodes
+        node.graph.erase_node(node)
+        for value in inputs:
+            _erase_dead(value)

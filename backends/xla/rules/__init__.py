@@ -36,6 +36,7 @@ _MODULES = (
     "nn",
     "losses",
     "portable_ops",
+    "attention",
     "mx",
     "symbolic",
     "neuron_overrides",

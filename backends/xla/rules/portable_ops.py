@@ -1,76 +1,22 @@
-"""`portable::` ops: attention, rms_norm, layer_norm (with backward ops) and the collectives.
+"""`portable::` ops: scale_mask_softmax, rms_norm, layer_norm (with backward ops), collectives.
 
-Semantics are those of the CPU kernels in `portable/opset/nn_ops.py`:
-- attention: softmax(q @ k^T * scale + mask) @ v with scale defaulting to 1/sqrt(head_dim); a
-  bool mask keeps True positions, a float mask is added; `is_causal` is top-left aligned (query
-  i sees keys j <= i); kv heads repeat for grouped-query attention. Written as plain softmax for
-  now (the softmax-fusion issue adds a blockwise form). Half inputs compute in float32.
+Attention (forward and backward) lives in `attention.py`. Semantics are those of the CPU kernels
+in `portable/opset/nn_ops.py`:
 - rms_norm: torch's composite: x in float32 (opmath) * rsqrt(mean(x^2) + eps) * weight, rounded
   to the result dtype once; eps defaults to the opmath dtype's machine epsilon.
-- backward ops are `jax.vjp` of these forwards (GQA gradients sum over the repeated heads).
+- backward ops are `jax.vjp` of these forwards.
 - collectives over a group of one rank are the identity; larger groups need the spmd-partition
   pass, which maps them to XLA's collectives.
 """
 
 from __future__ import annotations
 
-import math
-
 import jax
 import jax.numpy as jnp
 
 from . import RULES
-from ._util import PRECISION, opmath, out_dtype, unsupported
+from ._util import opmath, out_dtype, unsupported
 from .nn import layer_norm_apply, layer_norm_stats
-
-
-def attention(q, k, v, mask=None, is_causal=False, scale=None):
-    """The reference attention on JAX arrays, in q's dtype (computed in opmath)."""
-    dtype = q.dtype
-    compute = opmath(dtype)
-    hq, hk = q.shape[-3], k.shape[-3]
-    if hq != hk:  # GQA: kv head j serves q heads j * group ... (j + 1) * group - 1
-        k = jnp.repeat(k, hq // hk, axis=-3)
-        v = jnp.repeat(v, hq // hk, axis=-3)
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
-    scores = jnp.einsum(
-        "...qd,...kd->...qk",
-        q.astype(compute),
-        k.astype(compute),
-        precision=PRECISION,
-        preferred_element_type=compute,
-    )
-    scores = scores * jnp.asarray(scale, compute)
-    minus_inf = jnp.asarray(-jnp.inf, compute)  # typed: a bare Python float is float64 under x64
-    if mask is not None:
-        if mask.dtype == jnp.bool_:
-            scores = jnp.where(mask, scores, minus_inf)
-        else:
-            scores = scores + mask.astype(dtype).astype(compute)
-    if is_causal:
-        lq, lk = scores.shape[-2:]
-        keep = jnp.tril(jnp.ones((lq, lk), jnp.bool_))
-        scores = jnp.where(keep, scores, minus_inf)
-    probs = jax.nn.softmax(scores, axis=-1)
-    out = jnp.einsum(
-        "...qk,...kd->...qd",
-        probs,
-        v.astype(compute),
-        precision=PRECISION,
-        preferred_element_type=compute,
-    )
-    return out.astype(dtype)
-
-
-@RULES.register("portable.attention.default")
-def attention_rule(ctx, q, k, v, mask=None, is_causal=False, scale=None):
-    return attention(q, k, v, mask, is_causal, scale).astype(out_dtype(ctx))
-
-
-@RULES.register("portable.attention_backward.default")
-def attention_backward(ctx, grad, q, k, v, mask=None, is_causal=False, scale=None):
-    _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, mask, is_causal, scale), q, k, v)
-    return vjp(grad.astype(q.dtype))
 
 
 @RULES.register("portable.scale_mask_softmax.default")

@@ -135,3 +135,19 @@ def test_mx_training_benchmark_few_steps_records_both_curves(tmp_path):
     assert "old" not in doc.read_text() and "| mxfp8 |" in doc.read_text()
     if "--plot" in args:
         assert (tmp_path / "curves.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_attention_fusion_benchmark_small_form_writes_its_block(tmp_path):
+    bench = _bench("attention_fusion")
+    out, doc = tmp_path / "r.json", tmp_path / "perf.md"
+    doc.write_text(f"# P\n{bench.MARK}\nold\n{bench.MARK}\n")
+    assert (
+        bench.main(["--seq", "128", "--repeat", "1", "--json", str(out), "--write", str(doc)]) == 0
+    )
+    import json
+
+    result = json.loads(out.read_text())
+    assert result["peak_unfused"] > 0 and result["time_fused_s"] > 0
+    # at 128 the scores are 8 x 128 x 128: the unfused HLO has them, the fused one does not need to
+    assert result["hlo_unfused"][0] >= result["hlo_fused"][0]
+    assert "old" not in doc.read_text() and "peak memory of a step" in doc.read_text()

@@ -10,6 +10,12 @@ import sys
 # Triton selects when it is imported (torch.export imports it), so it is set before anything
 # runs. Ahead-of-time compilation then happens in a clean subprocess (backends/cuda/aot.py).
 os.environ.setdefault("TRITON_INTERPRET", "1")
+# Per-rank programs run on several XLA host devices (shard_map); XLA reads this when JAX first
+# initializes its CPU backend. Single-device programs still run on device 0.
+if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", ""):
+    os.environ["XLA_FLAGS"] = (
+        os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
+    ).strip()
 from pathlib import Path
 
 import pytest

@@ -83,7 +83,7 @@ def test_lower_writes_archive_target_and_manifest(mlp_out):
     assert manifest["tool"] == {"name": "portable", "version": portable.__version__}
     assert set(manifest["toolchain"]) == {"python", "portable", "torch", "numpy", "safetensors"}
     prog = manifest["program"]
-    assert (prog["name"], prog["kind"], prog["opset_version"]) == ("MLP", "inference", "1.0")
+    assert (prog["name"], prog["kind"], prog["opset_version"]) == ("MLP", "inference", "1.1")
     assert [t["target"] for t in manifest["targets"]] == ["cpu"]
     assert (
         manifest["targets"][0]["dir"] == "cpu"
@@ -379,7 +379,7 @@ def test_usage_errors_exit_2(capsys):
 def test_inspect_archive_shows_the_op_histogram(mlp_out, capsys):
     code, stdout, _ = run(capsys, "inspect", str(mlp_out / "program.portable"))
     assert code == ExitCode.OK
-    assert "program MLP (inference, opset 1.0)" in stdout
+    assert "program MLP (inference, opset 1.1)" in stdout
     assert "passes applied: dce, canonicalize" in stdout
     histogram = stdout.split("ops (")[1].split("\n\n")[0]
     assert "aten.addmm.default  2" in histogram and "aten.gelu.default" in histogram

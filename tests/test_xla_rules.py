@@ -101,6 +101,7 @@ EXACT = (
         "portable.all_gather.default",
         "portable.reduce_scatter.default",
         "portable.all_to_all.default",
+        "portable.local_shard.default",
     }
 ) - {
     "aten.embedding_dense_backward.default",  # sums rows
@@ -305,6 +306,7 @@ def test_mx_arguments_are_refused_with_the_op_backend_and_fix():
         ("all_gather", (0, "tp", 2)),
         ("reduce_scatter", ("sum", 0, "tp", 2)),
         ("all_to_all", (0, 1, "ep", 2)),
+        ("local_shard", (0, "tp", 2)),
     ],
 )
 def test_multi_rank_collectives_need_the_spmd_pass(op, args):

@@ -328,6 +328,7 @@ _PORTABLE = [
     _collective("all_gather", 0, "tp", 1),
     _collective("reduce_scatter", "avg", 1, "tp", 1),
     _collective("all_to_all", 0, 1, "ep", 1),
+    _collective("local_shard", 0, "tp", 1),
     C("portable.wait.default", lambda d: A(t(d, 2, 3)), (F32, I64)),
     # MX: the bytes of portable.mx (tests/test_mx_backends.py has the full table)
     C("portable.mx_quantize.default", lambda d: A(_mx_input(d), "e4m3", -1, "rceil"), FLOATS),

@@ -114,6 +114,35 @@ class Plan:
     mesh: Mesh | None = None
     specs: tuple[tuple[str, PartitionSpec], ...] = ()
     rules: tuple[ShardingRule, ...] = ()
+    # data parallelism: user inputs (the batch) are split on dim 0 over these axes
+    batch_axes: tuple[str, ...] = ()
+    # FSDP / ZeRO-3: parameters and optimizer state not otherwise sharded are split over this axis
+    fsdp_axis: str | None = None
+    # sequence parallelism: activations between tensor-parallel regions are split on the
+    # sequence dim (1) over this axis instead of replicated
+    sequence_parallel: str | None = None
+
+    def __post_init__(self) -> None:
+        specs = self.specs.items() if isinstance(self.specs, Mapping) else self.specs
+        specs = tuple(
+            (name, spec if isinstance(spec, PartitionSpec) else PartitionSpec(*spec))
+            for name, spec in specs
+        )
+        object.__setattr__(self, "specs", specs)
+        object.__setattr__(self, "rules", tuple(self.rules))
+        axes = (self.batch_axes,) if isinstance(self.batch_axes, str) else self.batch_axes
+        object.__setattr__(self, "batch_axes", tuple(axes))
+        named = [*self.batch_axes, self.fsdp_axis, self.sequence_parallel]
+        named += [a for _, spec in self.specs for a in spec.axes()]
+        named += [a for rule in self.rules for a in rule.spec.axes()]
+        for axis in named:
+            if axis is None:
+                continue
+            if self.mesh is None:
+                raise PlanError(
+                    f"plan names mesh axis {axis!r} but has no mesh", fix="pass mesh=Mesh({...})"
+                )
+            self.mesh.axis_size(axis)  # PlanError naming the axes that exist
 
     @property
     def is_single_device(self) -> bool:
@@ -174,12 +203,30 @@ class Plan:
                     fix="change the mesh sizes or shard another dim",
                 )
 
+    def check_world_size(self, world_size: int, launcher: str) -> None:
+        """PlanError unless the launcher starts exactly one process per mesh position."""
+        size = self.mesh.size if self.mesh else 1
+        if world_size != size:
+            axes = " x ".join(f"{n}={s}" for n, s in self.mesh.axes) if self.mesh else "one device"
+            raise PlanError(
+                f"{launcher} starts {world_size} processes but the plan's mesh ({axes}) has "
+                f"{size} positions",
+                fix=f"launch {size} processes (--nproc {size}) or change the mesh",
+            )
+
     def to_json(self) -> dict[str, Any]:
-        return {
+        data: dict[str, Any] = {
             "mesh": self.mesh.to_json() if self.mesh else None,
             "specs": {name: spec.to_json() for name, spec in self.specs},
             "rules": [{"pattern": r.pattern, "spec": r.spec.to_json()} for r in self.rules],
         }
+        if self.batch_axes:
+            data["batch_axes"] = list(self.batch_axes)
+        if self.fsdp_axis:
+            data["fsdp_axis"] = self.fsdp_axis
+        if self.sequence_parallel:
+            data["sequence_parallel"] = self.sequence_parallel
+        return data
 
     @staticmethod
     def from_json(data: Mapping[str, Any] | None) -> Plan:
@@ -191,4 +238,11 @@ class Plan:
             ShardingRule(r["pattern"], PartitionSpec.from_json(r["spec"]))
             for r in data.get("rules", [])
         )
-        return Plan(mesh, specs, rules)
+        return Plan(
+            mesh,
+            specs,
+            rules,
+            batch_axes=tuple(data.get("batch_axes", ())),
+            fsdp_axis=data.get("fsdp_axis"),
+            sequence_parallel=data.get("sequence_parallel"),
+        )

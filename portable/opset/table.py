@@ -18,7 +18,7 @@ import operator
 
 import torch
 
-OPSET_VERSION = "1.0"
+OPSET_VERSION = "1.1"
 
 # dtype classes
 FLOAT = "float"
@@ -42,7 +42,10 @@ SHAPE_RULES = {
     "pool": "spatial dims as conv with the pooling window",
     "norm": "output has the input's shape; statistics reduced over normalized dims",
     "tuple": "a tuple of tensors, each by its own rule",
-    "collective": "all_gather multiplies dim by group size, reduce_scatter divides it, others keep shape",
+    "collective": (
+        "all_gather multiplies dim by group size, reduce_scatter and local_shard divide it, "
+        "others keep shape"
+    ),
     "mx": "codes: input shape (FP4 halves axis); scales: axis divided by block size, rounded up",
     "scalar": "a symbolic integer (size arithmetic of declared dynamic dims), no tensor",
 }
@@ -399,6 +402,12 @@ _PORTABLE: tuple[OpDef, ...] = (
         ANY,
         "collective",
         "split along split_dim, exchange, concatenate along concat_dim",
+    ),
+    _e(
+        "portable.local_shard.default",
+        ANY,
+        "collective",
+        "this rank's chunk along dim of a value replicated over the axis (no communication)",
     ),
     _e("portable.wait.default", ANY, "same", "the completed value of an asynchronous collective"),
 )

@@ -102,6 +102,11 @@ def all_to_all(ctx, x, split_dim, concat_dim, axis, group_size):
     return _single_rank(ctx, "all_to_all", x, group_size, axis)
 
 
+@RULES.register("portable.local_shard.default")
+def local_shard(ctx, x, dim, axis, group_size):
+    return _single_rank(ctx, "local_shard", x, group_size, axis)
+
+
 @RULES.register("portable.wait.default")
 def wait(ctx, x):
     return x

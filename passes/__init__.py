@@ -37,6 +37,7 @@ registry: Registry[type[Pass]] = Registry(
         "canonicalize": "portable.passes.canonicalize:Canonicalize",
         "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
         "softmax-fusion": "portable.passes.softmax_fusion:SoftmaxFusion",
+        "spmd-partition": "portable.passes.spmd_partition:SpmdPartition",
     },
 )
 

@@ -119,6 +119,8 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
             "graph placeholders do not match the signature inputs",
             fix=f"placeholders {[p.name for p in placeholders]} vs signature {[i.name for i in sig.inputs]}",
         )
+    # a per-rank program (spmd-partition) keeps the global weights; runtimes shard them
+    global_shapes = program.metadata.get("spmd", {}).get("global_shapes", {}).get("inputs", {})
     for spec in sig.state_inputs:
         weight = program.weights.get(spec.target)
         if weight is None:
@@ -126,8 +128,11 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
                 f"state input {spec.name} ({spec.target}) has no weight",
                 fix="re-capture the program",
             )
-        if TensorSpec.of(weight) != spec.spec:
-            _fail(f"weight {spec.target} is {TensorSpec.of(weight)}, signature says {spec.spec}")
+        expected = spec.spec
+        if spec.name in global_shapes:
+            expected = TensorSpec(tuple(global_shapes[spec.name]), spec.spec.dtype)
+        if TensorSpec.of(weight) != expected:
+            _fail(f"weight {spec.target} is {TensorSpec.of(weight)}, signature says {expected}")
     outputs = graph.output_node().args[0]
     if not isinstance(outputs, (tuple, list)) or len(outputs) != len(sig.outputs):
         _fail("the graph output does not match the signature outputs")

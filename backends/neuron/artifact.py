@@ -37,6 +37,11 @@ class NeuronProgram:
     io_spec: dict[str, Any]
     memory: MemoryEstimate
     findings: tuple[Finding, ...]  # warnings only (errors raise during lowering)
+    # per-rank programs: the NxD ranks that run this HLO, the coordinates it is specialised
+    # to (local_shard), and every collective's replica groups in program order
+    ranks: tuple[int, ...] | None = None
+    fixed_coords: dict[str, int] | None = None
+    collectives: tuple[dict[str, Any], ...] = ()
 
     @property
     def command_txt(self) -> str:
@@ -56,3 +61,4 @@ class NeuronLowered:
     target: NeuronTarget
     options: NeuronOptions
     programs: tuple[NeuronProgram, ...]
+    ranks: Any = None  # collectives.RankLayout of a per-rank lowering, else None

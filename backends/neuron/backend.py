@@ -3,6 +3,9 @@
 lower -> fp64 downcast (optional) -> JAX rules (platform "neuron") -> tuple-rooted HloModuleProto
       -> read back and parsed -> memory estimate -> offline validator (errors raise) -> io spec,
       neuronx-cc argv
+A per-rank program (metadata["spmd"], mesh.size > 1) gives one HLO per distinct rank program whose
+collectives list replica groups of global ranks in NxD order (collectives.py); ranks running
+identical HLO share one program directory.
 compile(lowered, out_dir) -> the layout of layout.py and manifest.json
 executable -> BackendError: NeuronCores are not here; the artifacts are compiled and run on a
 Trn host (`scripts/compile.sh`, docs/backends/neuron.md).
@@ -48,14 +51,8 @@ class NeuronBackend(Backend):
         return False, _NOT_HERE
 
     def lower(self, program: Program, target: Target) -> Lowered:
-        from .artifact import NeuronLowered, NeuronProgram, program_key
-        from .command import neuronx_cc_argv
-        from .emit import lower_to_hlo
+        from .artifact import NeuronLowered
         from .fp64 import downcast_fp64
-        from .hlo import parse_hlo_text, proto_to_text
-        from .iospec import io_spec
-        from .memory import estimate_memory
-        from .validate import check_findings, validate
 
         self.check_program(program, target)
         ntarget = resolve_target(target.variant)
@@ -63,18 +60,73 @@ class NeuronBackend(Backend):
         if self.options.fp64 == "downcast":
             lowered_program, changed = downcast_fp64(program)
             notes = _fp64_findings(lowered_program, changed)
-        hlo = lower_to_hlo(lowered_program, self.platform)
+        layout, records = None, []
+        if _is_per_rank(program):
+            # one HLO per distinct rank program, collectives with replica groups of NxD ranks
+            from .collectives import RankLayout, ReplicaGroupCollectives, rank_axes, variants
+
+            layout = RankLayout.of(_mesh(program))
+            axes = rank_axes(lowered_program.graph)
+            for fixed, ranks in variants(layout, axes):
+                suffix = "".join(f".{a}{i}" for a, i in fixed.items())
+                records.append(
+                    self._lower_one(
+                        program,
+                        lowered_program,
+                        ntarget,
+                        notes,
+                        ReplicaGroupCollectives(layout, fixed),
+                        suffix,
+                        ranks,
+                        fixed,
+                    )
+                )
+        else:
+            records.append(self._lower_one(program, lowered_program, ntarget, notes))
+        first = records[0]
+        texts = {"graph.hlo.txt": first.hlo_text, "graph.stablehlo.mlir": first.stablehlo}
+        payload = NeuronLowered(ntarget, self.options, tuple(records), layout)
+        return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
+
+    def _lower_one(
+        self,
+        program,
+        lowered_program,
+        ntarget,
+        notes,
+        collectives=None,
+        suffix="",
+        ranks=None,
+        fixed=None,
+    ):
+        """One HLO program: lowered, read back, estimated, validated (errors raise)."""
+        from .artifact import NeuronProgram, program_key
+        from .command import neuronx_cc_argv
+        from .emit import lower_to_hlo
+        from .hlo import parse_hlo_text, proto_to_text
+        from .iospec import io_spec
+        from .memory import estimate_memory
+        from .validate import check_findings, validate
+
+        hlo = lower_to_hlo(lowered_program, self.platform, collectives)
         text = proto_to_text(hlo.proto)  # read back from the bytes that are written
         module = parse_hlo_text(text)
         kept = hlo.kept
         memory = estimate_memory(lowered_program, module, ntarget, kept)
+        layout = collectives.layout if collectives is not None else None
         checked = validate(
-            module, ntarget, self.options, program=lowered_program, kept=kept, memory=memory
+            module,
+            ntarget,
+            self.options,
+            program=lowered_program,
+            kept=kept,
+            memory=memory,
+            ranks=layout,
         )
         findings = merge(notes + checked)
         check_findings(findings, program=program.name, target=f"neuron:{ntarget.name}")
-        record = NeuronProgram(
-            key=program_key(program),
+        return NeuronProgram(
+            key=program_key(program) + suffix,
             program=lowered_program,
             hlo=hlo.proto,
             hlo_text=text,
@@ -84,10 +136,10 @@ class NeuronBackend(Backend):
             io_spec=io_spec(lowered_program, module, kept),
             memory=memory,
             findings=tuple(findings),
+            ranks=tuple(ranks) if ranks is not None else None,
+            fixed_coords=dict(fixed) if fixed is not None else None,
+            collectives=tuple(collectives.emitted) if collectives is not None else (),
         )
-        texts = {"graph.hlo.txt": text, "graph.stablehlo.mlir": hlo.stablehlo}
-        payload = NeuronLowered(ntarget, self.options, (record,))
-        return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
 
     def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
         """Write the artifacts under `out_dir` (nothing is compiled here: see scripts/compile.sh)."""
@@ -114,6 +166,19 @@ class NeuronBackend(Backend):
             fix="compile and run the written artifacts on a Trn host (scripts/compile.sh; "
             "docs/backends/neuron.md)",
         )
+
+
+def _is_per_rank(program: Program) -> bool:
+    from portable.ir.plan import Mesh
+
+    spmd = program.metadata.get("spmd")
+    return bool(spmd) and Mesh(spmd["mesh"]).size > 1
+
+
+def _mesh(program: Program):
+    from portable.ir.plan import Mesh
+
+    return Mesh(program.metadata["spmd"]["mesh"])
 
 
 def _fp64_findings(program: Program, changed: list[str]) -> list[Finding]:

@@ -16,6 +16,7 @@ parameters, and the io spec lists the others as unused.
 from __future__ import annotations
 
 import dataclasses
+from typing import Any
 
 from portable.ir.program import Program
 
@@ -29,8 +30,12 @@ class HloArtifacts:
     kept: tuple[int, ...]  # signature input index of each HLO parameter, in parameter order
 
 
-def lower_to_hlo(program: Program, platform: str = "neuron") -> HloArtifacts:
-    """Lower `program` for `platform` and convert it to a tuple-rooted HloModuleProto."""
+def lower_to_hlo(
+    program: Program, platform: str = "neuron", collectives: Any = None
+) -> HloArtifacts:
+    """Lower `program` for `platform` and convert it to a tuple-rooted HloModuleProto.
+
+    `collectives`: how a per-rank program's collectives lower (collectives.py)."""
     from jax._src import config as jax_config
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client
@@ -38,7 +43,7 @@ def lower_to_hlo(program: Program, platform: str = "neuron") -> HloArtifacts:
     from ..xla.lowering import lower
 
     with jax_config.traceback_in_locations_limit(0):
-        lowered = lower(program, platform, donate=True)
+        lowered = lower(program, platform, donate=True, collectives=collectives)
         kept = _kept_inputs(lowered, len(program.signature.inputs))
         module = lowered.compiler_ir("stablehlo")
         _alias_as_signed(module, program, kept)

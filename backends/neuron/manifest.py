@@ -93,6 +93,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
         },
         "programs": [_program(p) for p in lowered.programs],
         "collectives": _merged_collectives(lowered),
+        **({"spmd": _spmd(lowered)} if lowered.ranks is not None else {}),
         **({"mx": mx} if mx else {}),
         "validation": {
             "checks": [check.__name__ for check in CHECKS],
@@ -146,6 +147,40 @@ def _program(prog: NeuronProgram) -> dict[str, Any]:
         "memory": prog.memory.to_json(),
         "io_spec": prog.io_spec,
         "findings": [f.to_json() for f in prog.findings],
+        **(
+            {
+                "ranks": list(prog.ranks),
+                "specialised_to": prog.fixed_coords,
+                "replica_groups": [dict(c) for c in prog.collectives],
+            }
+            if prog.ranks is not None
+            else {}
+        ),
+    }
+
+
+def _spmd(lowered: NeuronLowered) -> dict[str, Any]:
+    """The per-rank lowering: rank layout (NxD order) and placement, which program each rank
+    runs, and the per-core memory estimate of each program."""
+    layout = lowered.ranks
+    by_rank = {r: p.key for p in lowered.programs for r in (p.ranks or ())}
+    return {
+        **layout.to_json(lowered.target),
+        "program_of_rank": [by_rank[r] for r in range(layout.world_size)],
+        "programs": len(lowered.programs),
+        "distinct_programs": (
+            "one HLO for every rank"
+            if len(lowered.programs) == 1
+            else "one HLO per coordinate on the axes local_shard slices by ("
+            + ", ".join(sorted({a for p in lowered.programs for a in (p.fixed_coords or {})}))
+            + "): neuronx-cc has no replica-id, so the coordinate is a constant"
+        ),
+        "collectives": "cross-replica (no channel_id): replica_groups list global ranks, one "
+        "replica per rank, num_replicas = world_size",
+        "memory_per_core": {
+            p.key: {"total_bytes": p.memory.total_bytes, "budget_bytes": p.memory.budget_bytes}
+            for p in lowered.programs
+        },
     }
 
 

@@ -25,6 +25,9 @@ class NeuronTarget:
     hbm_basis: str  # how the budget was derived, for the manifest
     fp8_types: frozenset[str]  # HLO FP8 element types the generation computes with
     mx: bool  # MX block-scaled formats (QuantizeMX, __op$block_scaled_dot)
+    cores_per_chip: int = 4  # logical NeuronCores per chip (one rank each)
+    chips_per_node: int = 16  # chips per instance (node)
+    topology_basis: str = ""  # where the two figures above come from, for the manifest
 
     @property
     def compiler_target(self) -> str:
@@ -41,6 +44,11 @@ TARGETS: dict[str, NeuronTarget] = {
             hbm_basis="Trainium3: 144 GiB HBM per chip, 4 logical cores at LNC=2",
             fp8_types=frozenset({"f8e4m3fn", "f8e5m2"}),
             mx=True,
+            cores_per_chip=4,
+            chips_per_node=16,
+            topology_basis="Trainium3: 8 NeuronCore-v4 per chip = 4 logical cores at LNC=2 "
+            "(hardware.md); 16 chips per node assumed as on trn2.48xlarge (hardware.md gives "
+            "only UltraServer sizes for Trn3: 64 or 144 chips); check against the instance",
         ),
         NeuronTarget(
             "trn2",
@@ -49,6 +57,10 @@ TARGETS: dict[str, NeuronTarget] = {
             hbm_basis="Trainium2: 96 GiB HBM per chip, 4 logical cores at LNC=2",
             fp8_types=frozenset({"f8e4m3", "f8e5m2"}),
             mx=False,
+            cores_per_chip=4,
+            chips_per_node=16,
+            topology_basis="Trainium2: 8 NeuronCore-v3 per chip = 4 logical cores at LNC=2; "
+            "trn2.48xlarge has 16 chips (hardware.md)",
         ),
         NeuronTarget(
             "trn1",
@@ -57,6 +69,9 @@ TARGETS: dict[str, NeuronTarget] = {
             hbm_basis="Trainium1: 16 GiB HBM per NeuronCore-v2 (no logical-core grouping)",
             fp8_types=frozenset({"f8e4m3", "f8e5m2"}),
             mx=False,
+            cores_per_chip=2,
+            chips_per_node=16,
+            topology_basis="Trainium1: 2 NeuronCore-v2 per chip; trn1.32xlarge has 16 chips",
         ),
     )
 }

@@ -1,7 +1,8 @@
 """`xla`: programs executed on XLA:CPU through `jax.jit`, so parity runs everywhere.
 
 lower -> StableHLO and HLO text (inspectable); compile -> an XLA executable (and the texts under
-out_dir); executable -> the portable Executable. Tensors cross between torch and JAX by DLPack
+out_dir); executable -> the portable Executable. A per-rank program (metadata["spmd"], mesh.size
+> 1) runs on mesh.size XLA devices under shard_map and takes and returns GLOBAL values (spmd.py). Tensors cross between torch and JAX by DLPack
 (zero-copy on CPU). JAX is imported only when this backend is used.
 """
 
@@ -42,8 +43,18 @@ class XlaBackend(Backend):
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .lowering import lower
+        from .spmd import is_per_rank, spmd_function
 
         self.check_program(program, target)
+        if is_per_rank(program):
+            # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts
+            # are the SPMD module before XLA partitions it
+            fn = spmd_function(program)
+            texts = {
+                "graph.stablehlo.mlir": fn.lowered.as_text(),
+                "graph.hlo.txt": fn.lowered.compiler_ir("hlo").as_hlo_text(),
+            }
+            return Lowered(program, target, texts=texts, payload=fn)
         # executed programs are not donated: their inputs are torch tensors shared via DLPack
         jax_lowered = lower(program, self.platform, donate=False)
         texts = {
@@ -53,12 +64,16 @@ class XlaBackend(Backend):
         return Lowered(program, target, texts=texts, payload=jax_lowered)
 
     def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        from .spmd import is_per_rank
+
         files = []
         if out_dir is not None:
             for name, text in lowered.texts.items():
                 path = out_dir / name
                 path.write_text(text)
                 files.append(path)
+        if is_per_rank(lowered.program):
+            return Compiled(lowered, files, payload=lowered.payload)
         return Compiled(
             lowered, files, payload=lowered.payload.compile(compiler_options=_COMPILER_OPTIONS)
         )
@@ -68,6 +83,11 @@ class XlaBackend(Backend):
         import jax.numpy as jnp
         import torch
 
+        from .spmd import SpmdExecutable, is_per_rank
+
+        if is_per_rank(compiled.lowered.program):
+            # GLOBAL inputs and outputs (spmd.py's module docstring)
+            return SpmdExecutable(compiled.lowered.program, self.name)
         xla_executable = compiled.payload
 
         def run(flat):

@@ -58,8 +58,10 @@ def _resolve(program: Program, platform: str) -> dict[torch.fx.Node, Callable]:
     return rules
 
 
-def jax_function(program: Program, platform: str) -> Callable[..., tuple]:
-    """A JAX-traceable function of the flat graph inputs returning the flat outputs."""
+def jax_function(program: Program, platform: str, collectives: Any = None) -> Callable[..., tuple]:
+    """A JAX-traceable function of the flat graph inputs returning the flat outputs.
+
+    `collectives` lowers the portable collectives of a per-rank program (see RuleContext)."""
     rules = _resolve(program, platform)
     nodes = list(program.graph.nodes)
 
@@ -82,7 +84,9 @@ def jax_function(program: Program, platform: str) -> Callable[..., tuple]:
                     # the node name lands in each HLO instruction's metadata (op_name), which is
                     # how validators map an instruction back to the node and the user's line
                     with jax.named_scope(node.name):
-                        env[node] = rules[node](RuleContext(node, platform), *args, **kwargs)
+                        env[node] = rules[node](
+                            RuleContext(node, platform, collectives), *args, **kwargs
+                        )
                 except LoweringError:
                     raise
                 except Exception as exc:  # a rule's bug or an unsupported argument combination
@@ -121,7 +125,9 @@ def donated(program: Program) -> tuple[int, ...]:
     )
 
 
-def lower(program: Program, platform: str, *, donate: bool = True) -> jax.stages.Lowered:
+def lower(
+    program: Program, platform: str, *, donate: bool = True, collectives: Any = None
+) -> jax.stages.Lowered:
     """Trace the program with jax.jit and lower it (StableHLO; `.compiler_ir("hlo")` for HLO)."""
     if program.metadata.get("symbolic_dims"):
         raise LoweringError(
@@ -129,7 +135,7 @@ def lower(program: Program, platform: str, *, donate: bool = True) -> jax.stages
             backend=platform,
             fix="XLA and Neuron compile static shapes: capture one program per shape bucket",
         )
-    fn = jax_function(program, platform)
+    fn = jax_function(program, platform, collectives)
     with jax.enable_x64(True):
         jitted = jax.jit(fn, donate_argnums=donated(program) if donate else ())
         return jitted.lower(*abstract_inputs(program))

@@ -16,7 +16,7 @@ import traceback
 
 from .. import __version__
 from ..errors import PortableError
-from . import check, inspection, listing, lower
+from . import check, inspection, listing, lower, run
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 
 __all__ = ["build_parser", "main"]
@@ -45,6 +45,7 @@ def build_parser() -> argparse.ArgumentParser:
     inspection.add_parser(sub, [common])
     check.add_parser(sub, [common])
     listing.add_parsers(sub, [common])
+    run.add_parser(sub, [common])
     return parser
 
 

@@ -49,6 +49,11 @@ class RuleContext:
 
     node: torch.fx.Node
     platform: str
+    # how collectives over groups of more than one rank lower (None: single-rank program): an
+    # object with the `CollectiveRuntime` methods returning JAX values, set by the multi-device
+    # lowerings (backends/xla/spmd.py: named mesh axes under shard_map; backends/neuron: explicit
+    # replica groups of global ranks)
+    collectives: Any = None
 
     @property
     def out(self) -> TensorSpec | tuple | None:

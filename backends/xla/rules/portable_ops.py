@@ -5,8 +5,9 @@ in `portable/opset/nn_ops.py`:
 - rms_norm: torch's composite: x in float32 (opmath) * rsqrt(mean(x^2) + eps) * weight, rounded
   to the result dtype once; eps defaults to the opmath dtype's machine epsilon.
 - backward ops are `jax.vjp` of these forwards.
-- collectives over a group of one rank are the identity; larger groups need the spmd-partition
-  pass, which maps them to XLA's collectives.
+- collectives over a group of one rank are the identity; a per-rank program's larger groups lower
+  through `ctx.collectives` (XLA collectives over named mesh axes under shard_map, or explicit
+  replica groups for neuron).
 """
 
 from __future__ import annotations
@@ -68,45 +69,91 @@ def layer_norm(ctx, x, normalized_shape, weight=None, bias=None, eps=1e-5):
 
 
 # --------------------------------------------------------------------------- collectives
+#
+# A single-rank program (ctx.collectives is None) may only hold groups of one rank, where every
+# collective is the identity. A per-rank program is lowered with a collectives object: the
+# shard_map form below (named mesh axes, backends/xla/spmd.py) or the neuron backend's explicit
+# replica groups (backends/neuron/collectives.py).
 
 
-def _single_rank(ctx, op: str, x, group_size: int, axis: str):
-    if group_size != 1:
-        raise unsupported(
-            ctx,
-            f"{op} over mesh axis {axis!r} with group_size {group_size} needs multi-device "
-            "lowering, which comes with the spmd-partition pass",
-            "apply the spmd-partition pass before lowering, or run the single-rank program "
-            "(group_size 1) on one device",
+class NamedAxisCollectives:
+    """Collectives over named mesh axes, for tracing inside `jax.shard_map` over the mesh."""
+
+    def all_reduce(self, x, reduce_op, axis, group_size):
+        # avg = sum / n; max, min: elementwise over the group
+        return {
+            "sum": jax.lax.psum,
+            "avg": jax.lax.pmean,
+            "max": jax.lax.pmax,
+            "min": jax.lax.pmin,
+        }[reduce_op](x, axis)
+
+    def all_gather(self, x, dim, axis, group_size):
+        # concat(x of each rank, in coordinate order on axis) along dim
+        return jax.lax.all_gather(x, axis, axis=dim, tiled=True)
+
+    def reduce_scatter(self, x, reduce_op, dim, axis, group_size):
+        # chunk i (i = this rank's coordinate on axis) of all_reduce(x) along dim
+        if reduce_op in ("sum", "avg"):
+            out = jax.lax.psum_scatter(x, axis, scatter_dimension=dim, tiled=True)
+            return out / jnp.asarray(group_size, out.dtype) if reduce_op == "avg" else out
+        return self.local_shard(
+            self.all_reduce(x, reduce_op, axis, group_size), dim, axis, group_size
         )
-    return x
+
+    def all_to_all(self, x, split_dim, concat_dim, axis, group_size):
+        # chunk j along split_dim goes to rank j; received chunks concatenated in rank order
+        return jax.lax.all_to_all(x, axis, split_dim, concat_dim, tiled=True)
+
+    def local_shard(self, x, dim, axis, group_size):
+        size = x.shape[dim] // group_size
+        start = jax.lax.axis_index(axis) * size
+        return jax.lax.dynamic_slice_in_dim(x, start, size, axis=dim)
+
+    def wait(self, x):
+        return x
+
+
+def _collective(ctx, op: str, x, axis: str, group_size: int, *args):
+    if ctx.collectives is None:
+        if group_size != 1:
+            raise unsupported(
+                ctx,
+                f"{op} over mesh axis {axis!r} with group_size {group_size} in a single-rank "
+                "lowering",
+                "a program with multi-rank collectives is a per-rank program: produce it with the "
+                "spmd-partition pass, which records metadata['spmd'], and `portable.compile` runs "
+                "it on mesh.size XLA devices",
+            )
+        return x
+    return getattr(ctx.collectives, op)(x, *args, axis, group_size)
 
 
 @RULES.register("portable.all_reduce.default")
 def all_reduce(ctx, x, reduce_op, axis, group_size):
-    return _single_rank(ctx, "all_reduce", x, group_size, axis)
+    return _collective(ctx, "all_reduce", x, axis, group_size, reduce_op)
 
 
 @RULES.register("portable.all_gather.default")
 def all_gather(ctx, x, dim, axis, group_size):
-    return _single_rank(ctx, "all_gather", x, group_size, axis)
+    return _collective(ctx, "all_gather", x, axis, group_size, dim)
 
 
 @RULES.register("portable.reduce_scatter.default")
 def reduce_scatter(ctx, x, reduce_op, dim, axis, group_size):
-    return _single_rank(ctx, "reduce_scatter", x, group_size, axis)
+    return _collective(ctx, "reduce_scatter", x, axis, group_size, reduce_op, dim)
 
 
 @RULES.register("portable.all_to_all.default")
 def all_to_all(ctx, x, split_dim, concat_dim, axis, group_size):
-    return _single_rank(ctx, "all_to_all", x, group_size, axis)
+    return _collective(ctx, "all_to_all", x, axis, group_size, split_dim, concat_dim)
 
 
 @RULES.register("portable.local_shard.default")
 def local_shard(ctx, x, dim, axis, group_size):
-    return _single_rank(ctx, "local_shard", x, group_size, axis)
+    return _collective(ctx, "local_shard", x, axis, group_size, dim)
 
 
 @RULES.register("portable.wait.default")
 def wait(ctx, x):
-    return x
+    return x if ctx.collectives is None else ctx.collectives.wait(x)

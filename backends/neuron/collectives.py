@@ -1,0 +1,306 @@
+"""Per-rank collectives for neuronx-cc: explicit replica groups of GLOBAL ranks in NxD order.
+
+neuronx-cc does not partition: each rank runs an HLO whose collectives list the global ranks of
+every group (`replica_groups`). Ranks are numbered as NxD numbers them: row-major over the grid
+[PP, DP, CP, TP] (TP contiguous, so a TP group sits on neighbouring cores of one chip). Mesh axes
+map to those roles by name:
+
+    pp                  -> PP
+    dp, fsdp, data      -> DP
+    cp, sp, seq         -> CP
+    tp, mp              -> TP
+
+Several axes with one role are ordered as declared in the mesh (major first). The portable rank
+of the same coordinates (row-major in mesh order, `portable.ir.sharding`) can differ from the NxD
+rank when the mesh is declared in another order; `RankLayout` keeps both.
+
+Each collective lowers to the stablehlo op with `replica_groups` and no channel handle: a
+cross-replica collective over replica ids = global ranks (one replica per rank, num_replicas =
+world size), the form torch-xla hands neuronx-cc. `local_shard` needs the rank's coordinate on its
+axis; the compiler supports neither `replica-id` nor `partition-id`, so that coordinate is a
+constant and ranks that differ in it run different programs (`variants`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch.fx
+
+from portable.errors import PlanError
+from portable.ir.plan import Mesh
+from portable.ir.sharding import coords_of
+
+from .targets import NeuronTarget
+
+__all__ = [
+    "ROLES",
+    "RankLayout",
+    "ReplicaGroupCollectives",
+    "rank_axes",
+    "variants",
+]
+
+ROLES = ("PP", "DP", "CP", "TP")  # NxD grid order, major to minor
+_ROLE_OF = {
+    "pp": "PP",
+    "dp": "DP",
+    "fsdp": "DP",
+    "data": "DP",
+    "cp": "CP",
+    "sp": "CP",
+    "seq": "CP",
+    "tp": "TP",
+    "mp": "TP",
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class RankLayout:
+    """The mesh's axes as NxD roles, and global ranks in NxD order."""
+
+    mesh: Mesh
+    order: tuple[str, ...]  # mesh axes in NxD order (PP, DP, CP, TP; mesh order within a role)
+
+    @staticmethod
+    def of(mesh: Mesh) -> RankLayout:
+        unknown = [a for a in mesh.names if a not in _ROLE_OF]
+        if unknown:
+            names = ", ".join(f"{k} ({v})" for k, v in _ROLE_OF.items())
+            raise PlanError(
+                f"mesh axis {unknown[0]!r} has no NxD role (PP, DP, CP, TP) for the neuron backend",
+                fix=f"rename the axis to one of: {names}",
+            )
+        order = tuple(a for role in ROLES for a in mesh.names if _ROLE_OF[a] == role)
+        return RankLayout(mesh, order)
+
+    @property
+    def world_size(self) -> int:
+        return self.mesh.size
+
+    def role(self, axis: str) -> str:
+        return _ROLE_OF[axis]
+
+    def nxd_rank(self, coords: dict[str, int]) -> int:
+        rank = 0
+        for axis in self.order:
+            rank = rank * self.mesh.axis_size(axis) + coords[axis]
+        return rank
+
+    def nxd_of_portable(self, rank: int) -> int:
+        return self.nxd_rank(coords_of(self.mesh, rank))
+
+    def groups(self, axis: str) -> list[list[int]]:
+        """The NxD ranks of every group of a collective over `axis` (each ordered by the
+        coordinate on `axis`, groups ordered by their first rank)."""
+        others = [a for a in self.mesh.names if a != axis]
+        groups = []
+        for values in itertools.product(*(range(self.mesh.axis_size(a)) for a in others)):
+            coords = dict(zip(others, values, strict=True))
+            groups.append(
+                [self.nxd_rank({**coords, axis: i}) for i in range(self.mesh.axis_size(axis))]
+            )
+        return sorted(groups)
+
+    def placement(self, target: NeuronTarget, rank: int) -> dict[str, int]:
+        """Where NxD rank `rank` runs: one rank per logical core, cores filling chips, chips
+        filling nodes (target.cores_per_chip, target.chips_per_node)."""
+        chip, core = divmod(rank, target.cores_per_chip)
+        node, chip_in_node = divmod(chip, target.chips_per_node)
+        return {"node": node, "chip": chip_in_node, "core": core}
+
+    def to_json(self, target: NeuronTarget) -> dict[str, Any]:
+        ranks = []
+        for rank in range(self.world_size):
+            coords = coords_of(self.mesh, rank)
+            nxd = self.nxd_rank(coords)
+            ranks.append(
+                {
+                    "rank": nxd,
+                    "portable_rank": rank,
+                    "coords": coords,
+                    **self.placement(target, nxd),
+                }
+            )
+        return {
+            "world_size": self.world_size,
+            "num_replicas": self.world_size,
+            "rank_order": "row-major over [PP, DP, CP, TP], TP contiguous (NxD)",
+            "axes": [
+                {"axis": a, "role": self.role(a), "size": self.mesh.axis_size(a)}
+                for a in self.order
+            ],
+            "grid": {
+                role: math.prod(self.mesh.axis_size(a) for a in self.order if self.role(a) == role)
+                for role in ROLES
+            },
+            "ranks": sorted(ranks, key=lambda r: r["rank"]),
+            "placement_basis": target.topology_basis,
+        }
+
+
+# --------------------------------------------------------------------------- program variants
+
+
+def rank_axes(program_graph: torch.fx.Graph) -> tuple[str, ...]:
+    """Mesh axes whose coordinate the program needs as a constant (local_shard, and
+    reduce_scatter with max/min, which slice this rank's chunk), in first-use order."""
+    axes: dict[str, None] = {}
+    for node in program_graph.nodes:
+        if node.op != "call_function":
+            continue
+        name = str(node.target)
+        if name == "portable.local_shard.default":
+            axes.setdefault(node.args[2], None)
+        elif name == "portable.reduce_scatter.default" and node.args[1] in ("max", "min"):
+            axes.setdefault(node.args[3], None)
+    return tuple(axes)
+
+
+def variants(
+    layout: RankLayout, axes: tuple[str, ...]
+) -> Iterator[tuple[dict[str, int], list[int]]]:
+    """(coordinates on `axes`, the NxD ranks sharing them) per distinct per-rank program."""
+    mesh = layout.mesh
+    for values in itertools.product(*(range(mesh.axis_size(a)) for a in axes)):
+        fixed = dict(zip(axes, values, strict=True))
+        ranks = sorted(
+            layout.nxd_of_portable(r)
+            for r in range(mesh.size)
+            if all(coords_of(mesh, r)[a] == v for a, v in fixed.items())
+        )
+        yield fixed, ranks
+
+
+# --------------------------------------------------------------------------- JAX primitive
+
+
+def _primitive():
+    """`portable_collective`: one stablehlo collective with explicit replica groups."""
+    global _PRIM
+    if _PRIM is not None:
+        return _PRIM
+    import numpy as np
+    from jax._src import core
+    from jax._src.interpreters import mlir
+    from jax._src.lib.mlir import ir
+    from jax._src.lib.mlir.dialects import hlo
+
+    prim = core.Primitive("portable_collective")
+
+    def shape_of(shape, *, kind, groups, reducer, dim, concat_dim):
+        shape, n = list(shape), len(groups[0])
+        if kind == "all_gather":
+            shape[dim] *= n
+        elif kind == "reduce_scatter":
+            shape[dim] //= n
+        elif kind == "all_to_all":
+            shape[dim] //= n
+            shape[concat_dim] *= n
+        return tuple(shape)
+
+    def abstract(x, **params):
+        return core.ShapedArray(shape_of(x.shape, **params), x.dtype)
+
+    def lowering(ctx, x, *, kind, groups, reducer, dim, concat_dim):
+        (aval_out,) = ctx.avals_out
+        out_type = mlir.aval_to_ir_type(ctx.module_context, aval_out)
+        replica_groups = ir.DenseIntElementsAttr.get(np.asarray(groups, dtype=np.int64))
+        if kind == "all_gather":
+            return hlo.AllGatherOp(
+                [out_type], [x], all_gather_dim=mlir.i64_attr(dim), replica_groups=replica_groups
+            ).results
+        if kind == "all_to_all":
+            return hlo.AllToAllOp(
+                [x],
+                split_dimension=mlir.i64_attr(dim),
+                concat_dimension=mlir.i64_attr(concat_dim),
+                split_count=mlir.i64_attr(len(groups[0])),
+                replica_groups=replica_groups,
+            ).results
+        if kind == "all_reduce":
+            op = hlo.AllReduceOp([out_type], [x], replica_groups=replica_groups)
+        else:
+            op = hlo.ReduceScatterOp(
+                out_type, x, scatter_dimension=mlir.i64_attr(dim), replica_groups=replica_groups
+            )
+        scalar = mlir.aval_to_ir_type(ctx.module_context, core.ShapedArray((), aval_out.dtype))
+        block = op.regions[0].blocks.append(scalar, scalar)
+        with ir.InsertionPoint(block):
+            combine = {"sum": hlo.add, "max": hlo.maximum, "min": hlo.minimum}[reducer]
+            hlo.return_([combine(*block.arguments)])
+        return op.results
+
+    prim.def_abstract_eval(abstract)
+    mlir.register_lowering(prim, lowering)
+    _PRIM = prim
+    return prim
+
+
+_PRIM = None
+
+
+class ReplicaGroupCollectives:
+    """Lowers the portable collectives of one per-rank program variant (see the module
+    docstring); `fixed` holds this variant's coordinates on the axes in `rank_axes`."""
+
+    def __init__(self, layout: RankLayout, fixed: dict[str, int] | None = None) -> None:
+        self.layout = layout
+        self.fixed = dict(fixed or {})
+        self.emitted: list[dict[str, Any]] = []  # per collective: op, axis, replica groups
+
+    def _bind(self, x, kind: str, axis: str, group_size: int, reducer="sum", dim=0, concat=0):
+        size = self.layout.mesh.axis_size(axis)
+        if size != group_size:
+            raise PlanError(
+                f"{kind} over {axis!r} has group_size {group_size}, the mesh axis has {size}",
+                fix="a per-rank program's group_size is its axis's size (a bug in the pass "
+                "that wrote it)",
+            )
+        groups = tuple(tuple(g) for g in self.layout.groups(axis))
+        self.emitted.append({"op": kind, "axis": axis, "replica_groups": [list(g) for g in groups]})
+        return _primitive().bind(
+            x, kind=kind, groups=groups, reducer=reducer, dim=dim, concat_dim=concat
+        )
+
+    def all_reduce(self, x, reduce_op, axis, group_size):
+        # avg = sum / n (Neuron's collectives reduce with sum, max, min)
+        out = self._bind(
+            x, "all_reduce", axis, group_size, "sum" if reduce_op == "avg" else reduce_op
+        )
+        return _divide(out, group_size) if reduce_op == "avg" else out
+
+    def all_gather(self, x, dim, axis, group_size):
+        return self._bind(x, "all_gather", axis, group_size, dim=dim)
+
+    def reduce_scatter(self, x, reduce_op, dim, axis, group_size):
+        if reduce_op in ("max", "min"):
+            return self.local_shard(
+                self.all_reduce(x, reduce_op, axis, group_size), dim, axis, group_size
+            )
+        out = self._bind(x, "reduce_scatter", axis, group_size, "sum", dim=dim)
+        return _divide(out, group_size) if reduce_op == "avg" else out
+
+    def all_to_all(self, x, split_dim, concat_dim, axis, group_size):
+        return self._bind(x, "all_to_all", axis, group_size, dim=split_dim, concat=concat_dim)
+
+    def local_shard(self, x, dim, axis, group_size):
+        import jax
+
+        size = x.shape[dim] // group_size
+        return jax.lax.slice_in_dim(
+            x, self.fixed[axis] * size, (self.fixed[axis] + 1) * size, axis=dim
+        )
+
+    def wait(self, x):
+        return x
+
+
+def _divide(x, n: int):
+    import jax.numpy as jnp
+
+    return x / jnp.asarray(n, x.dtype)

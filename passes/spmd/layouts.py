@@ -1,0 +1,98 @@
+"""The shardings a plan gives the program's inputs and requires of its outputs.
+
+- parameters and buffers: the plan's spec for their name (explicit specs, then regex rules);
+  with `fsdp_axis`, a parameter not already split over that axis is split over it too, on its
+  first dim that the axis divides (the axis goes minor-most, so gathering it gives back the
+  tensor-parallel shard);
+- optimizer state: the sharding of the parameter it belongs to (the step counter: replicated);
+- user inputs: dim 0 split over `batch_axes` (or the plan's spec for their name);
+- outputs: the loss replicated; an updated value the sharding of the input it replaces;
+  inference outputs keep their natural split.
+"""
+
+from __future__ import annotations
+
+from portable.errors import PlanError
+from portable.ir.plan import Plan
+from portable.ir.program import Program
+from portable.ir.sharding import Sharding
+from portable.ir.signature import InputKind, InputSpec
+
+__all__ = ["input_shardings"]
+
+_OPT_PREFIX = "optimizer."
+
+
+def _param_of_state(target: str, params: set[str]) -> str | None:
+    body = target.removeprefix(_OPT_PREFIX)
+    head, _, _ = body.rpartition(".")
+    return head if head in params else None
+
+
+def _spec_sharding(plan: Plan, name: str, shape: tuple[int, ...]) -> Sharding:
+    spec = plan.spec_for(name)
+    if spec is not None and len(spec.dims) > len(shape):
+        raise PlanError(
+            f"spec {spec} has {len(spec.dims)} dims but {name} has {len(shape)} ({list(shape)})",
+            fix="give one entry per tensor dim",
+        )
+    sharding = Sharding.from_spec(spec, len(shape))
+    sharding.local_shape(shape, plan.mesh)  # PlanError with the arithmetic
+    return sharding
+
+
+def _with_fsdp(plan: Plan, sharding: Sharding, shape: tuple[int, ...], notes: list[str], name: str) -> Sharding:
+    axis = plan.fsdp_axis
+    if axis is None or axis in sharding.axes():
+        return sharding
+    size = plan.mesh.axis_size(axis)
+    for d in range(len(shape)):
+        local = shape[d] // sharding.factor(plan.mesh, d)
+        if local % size == 0 and local >= size:
+            dims = list(sharding.dims)
+            dims[d] = dims[d] + (axis,)
+            return Sharding(tuple(dims))
+    notes.append(f"fsdp: {name} {list(shape)} kept whole ({axis}={size} divides no dim)")
+    return sharding
+
+
+def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
+    """Placeholder name -> its sharding under `program.plan`."""
+    plan = program.plan
+    assert plan.mesh is not None
+    sig = program.signature
+    params = {i.target for i in sig.inputs_of(InputKind.PARAMETER)}
+    out: dict[str, Sharding] = {}
+    by_param: dict[str, Sharding] = {}
+    for spec in sig.inputs:
+        shape = tuple(int(s) for s in spec.spec.shape)
+        if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT):
+            s = _spec_sharding(plan, spec.target or spec.name, shape)
+            if spec.kind is InputKind.PARAMETER:
+                s = _with_fsdp(plan, s, shape, notes, spec.target or spec.name)
+                by_param[spec.target] = s
+            out[spec.name] = s
+        elif spec.kind is InputKind.OPTIMIZER_STATE:
+            owner = _param_of_state(spec.target or "", params)
+            out[spec.name] = by_param.get(owner, Sharding.replicated(len(shape))) if owner else Sharding.replicated(len(shape))
+        else:
+            out[spec.name] = _user_input(plan, spec, shape)
+    return out
+
+
+def _user_input(plan: Plan, spec: InputSpec, shape: tuple[int, ...]) -> Sharding:
+    if plan.spec_for(spec.name) is not None:
+        return _spec_sharding(plan, spec.name, shape)
+    if not plan.batch_axes or not shape:
+        return Sharding.replicated(len(shape))
+    factor = 1
+    for axis in plan.batch_axes:
+        factor *= plan.mesh.axis_size(axis)
+    if shape[0] % factor:
+        axes = "*".join(f"{a}({plan.mesh.axis_size(a)})" for a in plan.batch_axes)
+        raise PlanError(
+            f"batch axes {axes} do not divide input {spec.name} dim 0 ({shape[0]}): "
+            f"{shape[0]} % {factor} = {shape[0] % factor}",
+            fix=f"use a batch size that is a multiple of {factor}, or change the mesh",
+        )
+    return Sharding((tuple(plan.batch_axes),) + ((),) * (len(shape) - 1))

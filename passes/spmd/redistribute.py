@@ -1,0 +1,162 @@
+"""Insert the collectives that change a value's sharding (`Sharding`) into another.
+
+    partial -> replicated       all_reduce            (then wait)
+    partial -> split on dim d   reduce_scatter(d)     (when d's minor-most axis is the partial one)
+    split   -> replicated       all_gather(d)         (minor-most axis first)
+    replicated -> split         local_shard(d)        (no communication)
+
+Every collective is followed by its own `portable.wait`. Results are cached per (value, target),
+so a value gathered for the forward is reused by every later consumer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+import torch.fx
+
+from portable.errors import PassError
+from portable.ir.plan import Mesh
+from portable.ir.sharding import Sharding
+
+__all__ = ["Collective", "Redistributor"]
+
+_ops = torch.ops.portable
+
+
+@dataclasses.dataclass(frozen=True)
+class Collective:
+    node: str
+    op: str
+    axis: str
+    group_size: int
+    bytes: int  # bytes each rank sends into the collective (its local input)
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+class Redistributor:
+    """Rewrites values of `graph` (whose global shapes are known) into requested shardings."""
+
+    def __init__(self, graph: torch.fx.Graph, mesh: Mesh, pass_name: str) -> None:
+        self.graph = graph
+        self.mesh = mesh
+        self.pass_name = pass_name
+        self.sharding: dict[torch.fx.Node, Any] = {}  # Sharding, or a tuple for multi-output ops
+        self.global_shape: dict[torch.fx.Node, tuple[int, ...]] = {}
+        self.dtype: dict[torch.fx.Node, torch.dtype] = {}
+        self.collectives: list[Collective] = []
+        self._cache: dict[tuple[torch.fx.Node, Sharding], torch.fx.Node] = {}
+
+    # ------------------------------------------------------------------------------ public
+
+    def to(self, value: torch.fx.Node, want: Sharding, before: torch.fx.Node) -> torch.fx.Node:
+        """`value` in sharding `want`, computed by collectives inserted before `before`."""
+        have = self.sharding[value]
+        if have == want:
+            return value
+        key = (value, want)
+        if key in self._cache:
+            return self._cache[key]
+        shape = self.global_shape[value]
+        dims = [list(d) for d in have.dims]
+        partial = dict(have.partial)
+        node = value
+        with self.graph.inserting_before(before):
+            # 1. pending reductions: into a split when the target splits a dim on that axis last,
+            #    else a full all-reduce
+            for axis, op in list(partial.items()):
+                if want.partial_op(axis) == op:
+                    continue
+                target_dim = want.dim_of(axis)
+                if (
+                    target_dim is not None
+                    and want.dims[target_dim][-1] == axis
+                    and dims[target_dim] == list(want.dims[target_dim][:-1])
+                    and op in ("sum", "avg")
+                ):
+                    node = self._emit("reduce_scatter", node, shape, dims, partial, axis,
+                                      reduce_op=op, dim=target_dim)
+                    dims[target_dim].append(axis)
+                else:
+                    node = self._emit("all_reduce", node, shape, dims, partial, axis, reduce_op=op)
+                del partial[axis]
+            # 2. gathers: per dim, everything after the common prefix, minor-most first
+            for d in range(len(dims)):
+                keep = _common_prefix(dims[d], want.dims[d])
+                while len(dims[d]) > keep:
+                    axis = dims[d][-1]
+                    node = self._emit("all_gather", node, shape, dims, partial, axis, dim=d)
+                    dims[d].pop()
+            # 3. local shards: per dim, the target's axes after the prefix, major first
+            for d in range(len(dims)):
+                for axis in want.dims[d][len(dims[d]) :]:
+                    node = self._emit("local_shard", node, shape, dims, partial, axis, dim=d)
+                    dims[d].append(axis)
+        if partial != dict(want.partial):
+            raise PassError(
+                f"cannot make a partial value from {have} (wanted {want})",
+                pass_name=self.pass_name,
+                fix="this is a bug in a sharding rule; report the program and plan",
+            )
+        self._cache[key] = node
+        return node
+
+    # ------------------------------------------------------------------------------ helpers
+
+    def _emit(self, op, value, shape, dims, partial, axis, **kw) -> torch.fx.Node:
+        size = self.mesh.axis_size(axis)
+        before = Sharding(tuple(tuple(d) for d in dims), tuple(sorted(partial.items())))
+        local = before.local_shape(shape, self.mesh)
+        dtype = self.dtype[value]
+        nbytes = math.prod(local) * dtype.itemsize
+        if op == "all_reduce":
+            call = self.graph.call_function(_ops.all_reduce.default, (value, kw["reduce_op"], axis, size))
+        elif op == "reduce_scatter":
+            call = self.graph.call_function(
+                _ops.reduce_scatter.default, (value, kw["reduce_op"], kw["dim"], axis, size)
+            )
+        elif op == "all_gather":
+            call = self.graph.call_function(_ops.all_gather.default, (value, kw["dim"], axis, size))
+        else:
+            call = self.graph.call_function(_ops.local_shard.default, (value, kw["dim"], axis, size))
+        _copy_source(value, call)
+        if op == "local_shard":
+            result = call
+        else:
+            self.collectives.append(Collective(call.name, op, axis, size, nbytes))
+            result = self.graph.call_function(_ops.wait.default, (call,))
+            _copy_source(value, result)
+        after_dims = [list(d) for d in dims]
+        after_partial = dict(partial)
+        if op == "all_reduce":
+            after_partial.pop(axis)
+        elif op == "reduce_scatter":
+            after_partial.pop(axis)
+            after_dims[kw["dim"]].append(axis)
+        elif op == "all_gather":
+            after_dims[kw["dim"]].pop()
+        else:
+            after_dims[kw["dim"]].append(axis)
+        after = Sharding(tuple(tuple(d) for d in after_dims), tuple(sorted(after_partial.items())))
+        for n in {call, result}:
+            self.sharding[n] = after
+            self.global_shape[n] = shape
+            self.dtype[n] = dtype
+        return result
+
+
+def _common_prefix(a, b) -> int:
+    n = 0
+    while n < len(a) and n < len(b) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _copy_source(src: torch.fx.Node, dst: torch.fx.Node) -> None:
+    if "source" in src.meta:
+        dst.meta["source"] = src.meta["source"]

@@ -1,0 +1,330 @@
+"""`spmd-partition`: a single-device program + its plan -> the per-rank program.
+
+Every rank runs the same per-rank program on its local shards. The pass
+
+1. gives each input the sharding the plan asks for (`spmd/layouts.py`: specs and rules per
+   parameter, FSDP over a data axis, the batch split over data axes, optimizer state following
+   its parameter);
+2. walks the graph in order and, per op, asks its sharding rule (`spmd/rules.py`) which shardings
+   the inputs must have and which the result gets; the collectives that bring an input to the
+   required sharding are inserted before the op (`spmd/redistribute.py`), each followed by its
+   own `portable.wait`; size arguments become local sizes;
+3. brings each output to its required sharding: the loss replicated (in a training step that is
+   where gradients computed from a split batch are summed: the gradient is a partial sum until the
+   optimizer update, which needs it split like its parameter: an all-reduce, or a reduce-scatter
+   under FSDP), updated parameters and optimizer state as their inputs;
+4. re-derives every shape with the ops' fake kernels from the local input shapes.
+
+A mean loss over a split batch is computed as a global sum divided by a global count
+(`nll_loss` with reduction=mean is rewritten as reduction=sum / total_weight first), so ranks
+with unequal numbers of ignored targets still give the single-device loss.
+
+Supported and tested: data parallelism (`batch_axes`), tensor parallelism (column/row/head
+parallel presets), both together on a 2-D mesh, and FSDP (`fsdp_axis`), on the GPT, Llama and MLP
+examples' training steps and inference programs. Ops without a rule run on full copies (correct,
+counted as `replicated-ops`).
+
+The per-rank program records its layout contract in `metadata["spmd"]` (see
+`portable/ir/sharding.py` and docs/parallelism.md): the mesh, every input's and output's
+sharding, the global shapes, and the collectives inserted. Counts: one per collective kind and
+axis (`all_reduce[dp]`), `bytes[<op>:<axis>]` the bytes each rank sends, and `replicated-ops`
+(ops without a rule, run on full copies).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import operator
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.fx
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from portable.errors import PassError, PlanError
+from portable.ir.program import Program
+from portable.ir.sharding import Sharding
+from portable.ir.signature import InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
+
+from .base import Pass, PassResult
+from .spmd.layouts import input_shardings
+from .spmd.redistribute import Redistributor
+from .spmd.rules import RULES, Decision, RuleContext, replicate_all
+
+__all__ = ["SpmdPartition", "partition"]
+
+aten = torch.ops.aten
+NAME = "spmd-partition"
+
+
+@dataclasses.dataclass(frozen=True)
+class SpmdPartition(Pass):
+    """Partition the program over its plan's mesh (module doc). No options: the plan is the
+    program's own (`capture(..., plan=...)` or `program.replace(plan=...)`)."""
+
+    name = NAME
+
+    def apply(self, program: Program) -> PassResult:
+        plan = program.plan
+        if plan.is_single_device:
+            return PassResult(program, self.report(False, notes=["single-device plan: nothing to do"]))
+        if "spmd" in program.metadata:
+            raise PassError(
+                f"{program.name} is already partitioned", pass_name=NAME,
+                fix="apply spmd-partition once, to the single-device program",
+            )
+        if program.metadata.get("symbolic_dims"):
+            raise PassError(
+                f"{program.name} has dynamic dims {sorted(program.metadata['symbolic_dims'])}",
+                pass_name=NAME,
+                fix="partition a program captured with static shapes",
+            )
+        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
+        return _Partitioner(program, self).run()
+
+
+def partition(program: Program) -> tuple[Program, Any]:
+    """`(per-rank program, report)` of `program` under `program.plan`."""
+    result = SpmdPartition().apply(program)
+    return result.program, result.report
+
+
+class _Partitioner:
+    def __init__(self, program: Program, owner: SpmdPartition) -> None:
+        self.owner = owner
+        self.src = program
+        self.out = program.replace()
+        self.graph = self.out.graph
+        self.mesh = program.plan.mesh
+        self.notes: list[str] = []
+        self.replicated_ops: Counter[str] = Counter()
+        self.red = Redistributor(self.graph, self.mesh, NAME)
+        self.ctx = RuleContext(self.mesh, self.red.sharding, self.red.global_shape, self.red.dtype)
+
+    def run(self) -> PassResult:
+        _mean_losses_as_sums(self.graph)
+        _infer_meta(self.graph)
+        shardings = input_shardings(self.out, self.notes)
+        for node in list(self.graph.nodes):
+            if node.op == "placeholder":
+                self._record(node, shardings[node.name])
+            elif node.op == "call_function":
+                self._partition(node)
+            elif node.op == "output":
+                self._outputs(node)
+        self.graph.eliminate_dead_code()
+        local_inputs = {
+            n.name: shardings[n.name].local_shape(self.red.global_shape[n], self.mesh)
+            for n in self.graph.nodes
+            if n.op == "placeholder"
+        }
+        _infer_meta(self.graph, local_inputs)
+        self.graph.lint()
+        self.out.graph_module.recompile()
+        self._signature_and_metadata(shardings)
+        return PassResult(self.out, self._report())
+
+    # ------------------------------------------------------------------------ per node
+
+    def _record(self, node: torch.fx.Node, sharding: Any) -> None:
+        self.red.sharding[node] = sharding
+        meta = node.meta["tensor"]
+        if isinstance(meta, TensorSpec):
+            self.red.global_shape[node] = tuple(int(s) for s in meta.shape)
+            self.red.dtype[node] = meta.dtype
+
+    def _partition(self, node: torch.fx.Node) -> None:
+        rule = RULES.get(node.target)
+        decision = rule(self.ctx, node) if rule else None
+        if decision is None:
+            decision = replicate_all(self.ctx, node)
+            if node.target is not operator.getitem:
+                self.replicated_ops[str(node.target)] += 1
+        if decision.args.get("split"):
+            self._split_addmm(node)
+            return
+        for key, want in decision.inputs.items():
+            arg = _get(node, key)
+            if want is None or arg not in self.red.sharding:
+                continue
+            _set(node, key, self.red.to(arg, want, node))
+        for pos, value in decision.args.items():
+            args = list(node.args)
+            args[pos] = value
+            node.args = tuple(args)
+        self._record(node, decision.output)
+
+    def _split_addmm(self, node: torch.fx.Node) -> None:
+        """bias + a @ b whose product is a partial sum: mm, then add the bias after the reduce."""
+        bias, a, b = node.args[:3]
+        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+            raise PassError("addmm with alpha/beta is not partitioned", pass_name=NAME)
+        with self.graph.inserting_before(node):
+            mm = self.graph.call_function(aten.mm.default, (a, b))
+            add = self.graph.call_function(aten.add.Tensor, (mm, bias))
+        for new in (mm, add):
+            new.meta.update({k: v for k, v in node.meta.items() if k in ("tensor", "val", "source")})
+        node.replace_all_uses_with(add)
+        self.graph.erase_node(node)
+        self._partition(mm)
+        self._partition(add)
+
+    def _outputs(self, node: torch.fx.Node) -> None:
+        sig = self.out.signature
+        inputs = {i.name: i for i in sig.inputs}
+        placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
+        values = list(node.args[0])
+        self.output_shardings: dict[str, Sharding] = {}
+        for i, (spec, value) in enumerate(zip(sig.outputs, values, strict=True)):
+            if not isinstance(value, torch.fx.Node):
+                continue
+            have = self.red.sharding[value]
+            if spec.aliases and spec.aliases in inputs:
+                want = self.red.sharding[placeholders[spec.aliases]]
+            elif spec.kind is OutputKind.LOSS:
+                want = Sharding.replicated(len(have.dims))
+            else:
+                want = Sharding(have.dims)
+            values[i] = self.red.to(value, want, node)
+            self.output_shardings[spec.name] = want
+        node.args = (tuple(values),)
+
+    # ------------------------------------------------------------------------ results
+
+    def _signature_and_metadata(self, shardings: dict[str, Sharding]) -> None:
+        sig = self.out.signature
+        local = {n.name: n.meta["tensor"] for n in self.graph.nodes if n.op == "placeholder"}
+        out_values = list(self.graph.output_node().args[0])
+        inputs = tuple(
+            InputSpec(i.name, i.kind, local[i.name], i.target) for i in sig.inputs
+        )
+        outputs = tuple(
+            OutputSpec(o.name, o.kind, v.meta["tensor"], o.target, o.aliases)
+            for o, v in zip(sig.outputs, out_values, strict=True)
+        )
+        self.out.signature = Signature(inputs, outputs)
+        self.out.metadata["spmd"] = {
+            "mesh": self.mesh.to_json(),
+            "inputs": {i.name: shardings[i.name].to_json() for i in sig.inputs},
+            "outputs": {o.name: self.output_shardings[o.name].to_json() for o in sig.outputs},
+            "global_shapes": {
+                "inputs": {i.name: list(i.spec.shape) for i in sig.inputs},
+                "outputs": {o.name: list(o.spec.shape) for o in sig.outputs},
+            },
+            "collectives": [c.to_json() for c in self._live_collectives()],
+        }
+
+    def _live_collectives(self):
+        live = {n.name for n in self.graph.nodes}
+        return [c for c in self.red.collectives if c.node in live]
+
+    def _report(self):
+        counts: Counter[str] = Counter()
+        nbytes: Counter[str] = Counter()
+        for c in self._live_collectives():
+            counts[f"{c.op}[{c.axis}]"] += 1
+            nbytes[f"bytes[{c.op}:{c.axis}]"] += c.bytes
+        counts.update(nbytes)
+        counts["replicated-ops"] = sum(self.replicated_ops.values())
+        notes = list(self.notes)
+        for c in self._live_collectives():
+            notes.append(f"{c.node}: {c.op} over {c.axis} ({c.group_size} ranks), {c.bytes} bytes")
+        if self.replicated_ops:
+            top = ", ".join(f"{k} x{v}" for k, v in self.replicated_ops.most_common())
+            notes.append(f"ops without a sharding rule ran on full copies: {top}")
+        return self.owner.report(True, dict(counts), notes)
+
+
+# ---------------------------------------------------------------------------- graph helpers
+
+
+def _get(node: torch.fx.Node, key):
+    if isinstance(key, str):
+        return node.kwargs[key]
+    if isinstance(key, tuple):
+        return node.args[key[0]][key[1]]
+    return node.args[key]
+
+
+def _set(node: torch.fx.Node, key, value) -> None:
+    if isinstance(key, str):
+        node.update_kwarg(key, value)
+        return
+    args = list(node.args)
+    if isinstance(key, tuple):
+        inner = list(args[key[0]])
+        inner[key[1]] = value
+        args[key[0]] = inner
+    else:
+        args[key] = value
+    node.args = tuple(args)
+
+
+def _mean_losses_as_sums(graph: torch.fx.Graph) -> None:
+    """nll_loss(reduction=mean) -> nll_loss(reduction=sum) / total_weight (the same arithmetic
+    as ATen's kernel), so a split batch reduces to the global mean exactly."""
+    for node in list(graph.nodes):
+        if node.target is not aten.nll_loss_forward.default:
+            continue
+        args = list(node.args)
+        if len(args) < 4 or args[3] != 1:
+            continue
+        args[3] = 2
+        node.args = tuple(args)
+        getters = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        if 0 not in getters:
+            continue
+        if 1 not in getters:
+            with graph.inserting_after(node):
+                getters[1] = graph.call_function(operator.getitem, (node, 1))
+        first = max(getters.values(), key=lambda n: list(graph.nodes).index(n))
+        with graph.inserting_after(first):
+            mean = graph.call_function(aten.div.Tensor, (getters[0], getters[1]))
+        if "source" in node.meta:
+            mean.meta["source"] = node.meta["source"]
+        getters[0].replace_all_uses_with(mean, delete_user_cb=lambda u: u is not mean)
+
+
+def _infer_meta(graph: torch.fx.Graph, local_inputs: dict[str, tuple[int, ...]] | None = None) -> None:
+    """Set meta["tensor"] / meta["val"] of every node by running the fake kernels, from the
+    placeholders' recorded specs (or `local_inputs` shapes)."""
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    env: dict[torch.fx.Node, Any] = {}
+
+    def load(value):
+        return torch.fx.node.map_arg(value, lambda n: env[n])
+
+    for node in graph.nodes:
+        if node.op == "placeholder":
+            spec = node.meta["tensor"]
+            shape = local_inputs[node.name] if local_inputs is not None else spec.shape
+            with mode:
+                env[node] = torch.empty(tuple(shape), dtype=spec.dtype)
+        elif node.op == "call_function":
+            args, kwargs = load(node.args), load(node.kwargs)
+            if node.target is operator.getitem:
+                env[node] = args[0][args[1]]
+            else:
+                try:
+                    with mode:
+                        env[node] = node.target(*args, **kwargs)
+                except Exception as exc:
+                    raise PlanError(
+                        f"the partitioned program is inconsistent at {node.name} "
+                        f"({node.target}): {exc}",
+                        fix="report the program and plan; meanwhile shard fewer tensors",
+                    ) from exc
+        else:
+            continue
+        value = env[node]
+        node.meta["val"] = value
+        node.meta["tensor"] = _spec(value)
+
+
+def _spec(value):
+    if isinstance(value, torch.Tensor):
+        return TensorSpec.of(value)
+    if isinstance(value, (tuple, list)):
+        return tuple(_spec(v) for v in value)
+    return None

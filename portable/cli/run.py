@@ -1,0 +1,260 @@
+"""`portable run SPEC --nproc N [--steps K] [--plan PLAN] [--out DIR] [--json]`.
+
+Runs a model on N local processes with torch.distributed (gloo on CPU, nccl with CUDA):
+1. SPEC and PLAN are resolved and `plan.check_world_size(N)` is checked; nothing has started;
+2. the training step (the spec has a loss_fn; `--inference` for one forward call) is captured
+   on this process, or the archive is loaded, and the plan attached;
+3. the spmd-partition pass makes the per-rank program; it and the GLOBAL state and inputs are
+   saved in a temporary run directory (portable/distributed/launch.py);
+4. torch's launcher starts N workers (portable/distributed/worker.py) that shard, run K steps
+   and gather; rank 0 writes the results: DIR/results.json (losses, ...) and
+   DIR/state.safetensors (final GLOBAL state) or DIR/outputs.safetensors (inference).
+
+PLAN is a JSON file in `Plan.to_json()` form, or `file.py:attr` naming a Plan or a zero-argument
+callable returning one; default: the spec's (or archive's) own plan.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ..errors import CaptureError, InputError, PlanError
+from ..ir.plan import Plan
+from ..ir.program import Program, ProgramKind
+from .exit_codes import EPILOG, ExitCode, OutputConflictError
+from .load_spec import Source, _getattr_path, _import_file, _import_module, _is_path, resolve
+from .progress import Progress
+from .table import format_table
+
+__all__ = ["add_parser", "load_plan", "run"]
+
+
+def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
+    p = sub.add_parser(
+        "run",
+        parents=parents,
+        help="run a model's training step (or inference) on N processes with torch.distributed",
+        description="Capture SPEC, partition it by PLAN into a per-rank program and run it on "
+        "N local processes (torch.distributed: gloo on CPU, nccl with CUDA). Prints the loss of "
+        "each step; with --out writes DIR/results.json and the final GLOBAL state.",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("spec", metavar="SPEC", help="file.py:Name, pkg.module:Name, or an archive")
+    p.add_argument("--nproc", type=_positive_int, required=True, metavar="N", help="processes")
+    p.add_argument("--steps", type=_positive_int, default=1, metavar="K", help="training steps")
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="PLAN",
+        help="plan.json (Plan.to_json form) or file.py:attr (a Plan or a callable returning one)",
+    )
+    p.add_argument("--inference", action="store_true", help="run one forward call, not training")
+    p.add_argument(
+        "--inputs",
+        type=Path,
+        default=None,
+        metavar="FILE",
+        help="safetensors of GLOBAL inputs by input name (default: the spec's examples)",
+    )
+    p.add_argument("--out", "-o", type=Path, default=None, metavar="DIR", help="results folder")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: auto")
+    p.add_argument("--timeout", type=float, default=None, metavar="S", help="launcher timeout")
+    p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
+    p.add_argument("--quiet", "-q", action="store_true", help="no stage lines on stderr")
+    p.set_defaults(run=run)
+
+
+def run(args: argparse.Namespace) -> int:
+    from ..distributed.launch import launch, prepare
+
+    source = resolve(args.spec)
+    plan = load_plan(args.plan) if args.plan is not None else _own_plan(source)
+    plan.check_world_size(args.nproc, "portable run --nproc")  # before anything starts
+    _check_out(args.out)
+    progress = Progress(5, enabled=not (args.quiet or args.json))
+    training = not args.inference
+    with tempfile.TemporaryDirectory(prefix="portable-run-") as tmp:
+        with progress.stage("capture", f"capturing {source.name}"):
+            program = _program(source, training)
+            shapes = {i.target or i.name: i.spec.shape for i in program.signature.inputs}
+            plan.validate(shapes)
+            program.plan = plan
+        with progress.stage("partition", f"partitioning for {_mesh_text(plan)}"):
+            per_rank = _partition(program)
+        with progress.stage("save", "saving the per-rank program and global inputs"):
+            inputs = _global_inputs(source, program, args.inputs, training)
+            run_dir = prepare(per_rank, inputs, Path(tmp) / "run", steps=args.steps)
+        out = args.out if args.out is not None else Path(tmp) / "out"
+        with progress.stage("launch", f"running {args.nproc} process(es)"):
+            results = launch(
+                run_dir,
+                args.nproc,
+                out,
+                steps=args.steps,
+                backend=args.backend,
+                timeout_s=args.timeout,
+                quiet=args.json or args.quiet,
+            )
+        with progress.stage("report", "reading results"):
+            doc = {"status": "ok", "exit_code": 0, "out_dir": str(args.out) if args.out else None}
+            doc["results"] = results
+    _print(args, doc)
+    return ExitCode.OK
+
+
+def load_plan(text: str) -> Plan:
+    """A Plan from `plan.json` (Plan.to_json form) or `file.py:attr` / `pkg.mod:attr`."""
+    path = Path(text)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise PlanError(f"no such plan file: {path}", fix="PLAN is plan.json or file.py:attr")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise PlanError(f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()") from exc
+        try:
+            return Plan.from_json(data)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise PlanError(
+                f"{path} is not a plan: {type(exc).__name__}: {exc}",
+                fix='write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
+            ) from exc
+    where, sep, attr = text.rpartition(":")
+    if not sep or not where or not attr:
+        raise PlanError(f"cannot read PLAN {text!r}", fix="PLAN is plan.json or file.py:attr")
+    module = _import_file(Path(where)) if _is_path(where) else _import_module(where)
+    obj = _getattr_path(module, attr, where)
+    if callable(obj) and not isinstance(obj, Plan):
+        obj = obj()
+    if not isinstance(obj, Plan):
+        raise PlanError(
+            f"{text} is a {type(obj).__name__}, not a Plan",
+            fix="name a portable.Plan or a zero-argument function returning one",
+        )
+    return obj
+
+
+def _own_plan(source: Source) -> Plan:
+    if source.spec is not None:
+        plan = source.spec.plan
+        return plan if isinstance(plan, Plan) else Plan()
+    from ..archive import load
+
+    assert source.archive is not None  # resolve() gives a spec or an archive
+    return load(source.archive).plan
+
+
+def _program(source: Source, training: bool) -> Program:
+    if source.spec is not None:
+        if training and not source.spec.trainable:
+            raise CaptureError(
+                f"`{source.spec.name}` has no loss_fn, so it has no training step",
+                fix="pass --inference, or give @portable a loss_fn and example_batch",
+            )
+        return source.program(training=training)
+    program = source.program(training=False)
+    if training != (program.kind is ProgramKind.TRAINING_STEP):
+        raise CaptureError(
+            f"{source.archive} holds a {program.kind.value} program",
+            fix="pass --inference for an inference archive (and leave it out for a training step)",
+        )
+    return program
+
+
+def _partition(program: Program) -> Program:
+    try:
+        from ..passes.spmd_partition import partition
+    except ImportError as exc:
+        raise PlanError(
+            "the spmd-partition pass is not available in this installation",
+            fix="install a portable version with portable.passes.spmd_partition",
+        ) from exc
+    if program.plan.is_single_device:
+        from ..ir.sharding import Sharding
+
+        # one process: the program is its own per-rank program
+        per_rank = program.replace(plan=program.plan)
+        ins = {i.name: Sharding.replicated(len(i.spec.shape)).to_json() for i in program.signature.inputs}
+        outs = {o.name: Sharding.replicated(len(o.spec.shape)).to_json() for o in program.signature.outputs}
+        per_rank.metadata["spmd"] = {
+            "mesh": program.plan.mesh.to_json() if program.plan.mesh else {},
+            "inputs": ins,
+            "outputs": outs,
+            "global_shapes": {
+                "inputs": {i.name: list(i.spec.shape) for i in program.signature.inputs},
+                "outputs": {o.name: list(o.spec.shape) for o in program.signature.outputs},
+            },
+            "collectives": [],
+        }
+        return per_rank
+    per_rank, _report = partition(program)
+    return per_rank
+
+
+def _global_inputs(source: Source, program: Program, path: Path | None, training: bool):
+    users = program.signature.user_inputs
+    if path is not None:
+        import safetensors.torch
+
+        tensors = safetensors.torch.load_file(path)
+        missing = [u.name for u in users if u.name not in tensors]
+        if missing:
+            raise InputError(
+                f"{path} has no value for input(s) {', '.join(missing)}",
+                fix=f"store every input by name: {', '.join(u.name for u in users)}",
+            )
+        return {u.name: tensors[u.name] for u in users}
+    if source.spec is None:
+        raise InputError(
+            f"{source.archive} is an archive: it has no example inputs",
+            fix="pass --inputs FILE.safetensors with the GLOBAL inputs by input name",
+        )
+    values = source.spec.batch() if training else source.spec.inputs()
+    return {u.name: v for u, v in zip(users, values, strict=True)}
+
+
+def _check_out(out: Path | None) -> None:
+    if out is None or not out.exists():
+        return
+    if not out.is_dir() or any(out.iterdir()):
+        raise OutputConflictError(
+            f"{out} exists and is not an empty directory",
+            fix="choose another --out, or move that directory away",
+        )
+
+
+def _mesh_text(plan: Plan) -> str:
+    return " x ".join(f"{n}={s}" for n, s in plan.mesh.axes) if plan.mesh else "one device"
+
+
+def _print(args: argparse.Namespace, doc: dict[str, Any]) -> None:
+    if args.json:
+        print(json.dumps(doc, indent=2))
+        return
+    results = doc["results"]
+    mesh = " x ".join(f"{k}={v}" for k, v in results["mesh"].items()) or "one device"
+    print(
+        f"ran {results['program']['name']} on {results['world_size']} process(es) "
+        f"({results['backend']}, mesh {mesh})"
+    )
+    losses = results.get("losses") or []
+    if losses:
+        print(format_table(["step", "loss"], [(i + 1, f"{v:.6f}") for i, v in enumerate(losses)]))
+    if args.out is not None:
+        print(f"wrote {args.out}: {', '.join(results['files'].values())}")
+
+
+def _positive_int(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
+
+
+

@@ -1,0 +1,326 @@
+"""One rank of a per-rank program: `torchrun --nproc-per-node N -m portable.distributed.worker
+--program DIR --out OUT [--steps K]` (DIR is a run directory, see launch.py).
+
+Per rank, in order:
+1. the per-rank program is loaded from `DIR/program.portable` (`portable.load`; no pickle) and the
+   world size torchrun set is checked against its plan's mesh (PlanError with the arithmetic)
+   before any data is read or any process group exists;
+2. `init_process_group` (gloo, or nccl with one GPU per local rank) and one group per mesh axis
+   group (`TorchCollectives`);
+3. GLOBAL state (the archive's weights, or DIR/state.safetensors) and inputs are read from
+   safetensors and sharded by `metadata["spmd"]["inputs"]`;
+4. the program runs with the cpu backend's executable under `collective_runtime(...)`: K training
+   steps, the updated state threaded on each rank through the signature's aliasing, or one
+   inference call;
+5. every rank's local results are all-gathered as tensors (no pickled objects), and rank 0
+   reassembles the GLOBAL values with `unshard` and writes OUT atomically (temp dir + rename):
+
+    OUT/results.json       {"format": "portable-run-output", "losses": [...], "world_size", ...}
+    OUT/state.safetensors  training: final GLOBAL state, keyed by weight key ("fc1.weight")
+    OUT/outputs.safetensors inference: GLOBAL outputs, keyed by output name
+
+A PortableError on a rank is written to `--report DIR/rank<r>.json` (when given) for the launcher,
+printed as `error: ...`, and the rank exits with 3.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import secrets
+import shutil
+import sys
+import time
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import safetensors.torch
+import torch
+import torch.distributed as dist
+
+from ..errors import ArchiveError, InputError, PlanError, PortableError
+from ..ir.plan import Mesh
+from ..ir.program import Program, ProgramKind
+from ..ir.sharding import Sharding, shard, unshard
+from ..ir.signature import InputKind, OutputKind
+from . import launch as run_dir
+from .runtime import TorchCollectives
+
+__all__ = ["OUTPUT_FORMAT", "main", "run_rank"]
+
+OUTPUT_FORMAT = "portable-run-output"
+OUTPUT_FORMAT_VERSION = 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    rank = int(os.environ.get("RANK", "0"))
+    try:
+        run_rank(args.program, args.out, steps=args.steps, backend=args.backend)
+    except PortableError as exc:
+        if args.report is not None:
+            run_dir.write_failure(Path(args.report), rank, exc)
+        print(f"error: [rank {rank}] {exc}", file=sys.stderr)
+        return 3
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m portable.distributed.worker",
+        description="One rank of a per-rank portable program (start it with torchrun).",
+    )
+    p.add_argument("--program", required=True, type=Path, metavar="DIR", help="run directory")
+    p.add_argument("--out", required=True, type=Path, metavar="DIR", help="rank 0 writes here")
+    p.add_argument("--steps", type=int, default=None, help="training steps (default: run.json)")
+    p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
+    p.add_argument("--report", type=Path, default=None, help="folder for rank failures")
+    return p
+
+
+def run_rank(
+    directory: str | os.PathLike[str],
+    out: str | os.PathLike[str],
+    *,
+    steps: int | None = None,
+    backend: str | None = None,
+) -> None:
+    """Run this process's rank (env from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    from ..archive import load
+
+    root = Path(directory)
+    config = _read_run(root)
+    steps = config.get("steps", 1) if steps is None else steps
+    program = load(root / run_dir.PROGRAM)
+    spmd = _spmd(program)
+    mesh = Mesh(spmd["mesh"])
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    program.plan.check_world_size(world, "torchrun (WORLD_SIZE)")
+    if program.plan.mesh is not None and program.plan.mesh != mesh:
+        raise ArchiveError(
+            f"{root / run_dir.PROGRAM}: metadata spmd mesh {spmd['mesh']} differs from the plan's "
+            f"{program.plan.mesh.to_json()}",
+            fix="re-run the spmd-partition pass",
+        )
+
+    backend = backend or run_dir.default_backend()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
+    rank = dist.get_rank()
+    collectives = TorchCollectives(mesh)
+
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    state = _local(root / run_dir.STATE, program, spmd, mesh, rank, state=True, device=device)
+    inputs = _local(root / run_dir.INPUTS, program, spmd, mesh, rank, state=False, device=device)
+    timings["shard_s"] = time.perf_counter() - start
+
+    from ..opset.collectives import collective_runtime
+
+    exe = _executable(program, state, device)
+    users = [inputs[i.name] for i in program.signature.user_inputs]
+    start = time.perf_counter()
+    losses: list[torch.Tensor] = []
+    outputs: dict[str, torch.Tensor] = {}
+    with collective_runtime(collectives):
+        if program.kind is ProgramKind.TRAINING_STEP:
+            for _ in range(steps):
+                losses.append(exe(*users).loss.detach().reshape(()))
+        else:
+            values = exe(*users)
+            values = values if isinstance(values, tuple) else (values,)
+            names = [o.name for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
+            outputs = dict(zip(names, values, strict=True))
+    timings["run_s"] = time.perf_counter() - start
+
+    start = time.perf_counter()
+    results = _gather(program, spmd, mesh, exe.state, losses, outputs)
+    timings["gather_s"] = time.perf_counter() - start
+    if rank == 0:
+        assert results is not None
+        doc = {
+            "format": OUTPUT_FORMAT,
+            "format_version": OUTPUT_FORMAT_VERSION,
+            "program": program.identity(),
+            "kind": program.kind.value,
+            "backend": backend,
+            "world_size": world,
+            "mesh": mesh.to_json(),
+            "steps": steps if program.kind is ProgramKind.TRAINING_STEP else 1,
+            **results.pop("doc"),
+            "timings": {k: round(v, 4) for k, v in timings.items()},
+        }
+        _write_out(Path(out), doc, results)
+    dist.barrier()
+
+
+# --------------------------------------------------------------------------- inputs
+
+
+def _read_run(root: Path) -> dict[str, Any]:
+    path = root / run_dir.RUN
+    if not path.is_file():
+        raise ArchiveError(
+            f"{root} is not a run directory (no {run_dir.RUN})",
+            fix="pass the folder `portable run` (or launch.prepare) wrote",
+        )
+    doc = json.loads(path.read_text())
+    if doc.get("format") != run_dir.INPUT_FORMAT:
+        raise ArchiveError(f"{path}: format {doc.get('format')!r}, expected {run_dir.INPUT_FORMAT}")
+    return doc
+
+
+def _spmd(program: Program) -> dict[str, Any]:
+    spmd = program.metadata.get("spmd")
+    if not isinstance(spmd, Mapping):
+        raise ArchiveError(
+            f"{program.name} is not a per-rank program (no metadata['spmd'])",
+            fix="apply the spmd-partition pass first (portable run does)",
+        )
+    return dict(spmd)
+
+
+def _local(
+    path: Path,
+    program: Program,
+    spmd: Mapping[str, Any],
+    mesh: Mesh,
+    rank: int,
+    *,
+    state: bool,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """This rank's local value of every state (or user) input: the GLOBAL value from `path`
+    sharded by the input's Sharding, checked against the global and local shapes."""
+    specs = program.signature.state_inputs if state else program.signature.user_inputs
+    if state and not path.is_file():  # the archive's weights are the GLOBAL state
+        tensors = {s.name: program.weights[s.target] for s in specs}
+    else:
+        tensors = safetensors.torch.load_file(path) if specs else {}
+    out = {}
+    for spec in specs:
+        if spec.name not in tensors:
+            raise InputError(
+                f"{path.name} has no value for input `{spec.name}`",
+                fix="write every input placeholder's GLOBAL value (launch.prepare does)",
+            )
+        value = tensors[spec.name]
+        want = spmd["global_shapes"]["inputs"].get(spec.name)
+        if want is not None and list(value.shape) != list(want):
+            raise InputError(
+                f"input `{spec.name}`: GLOBAL shape {list(value.shape)} in {path.name}, but the "
+                f"program was partitioned for {want}",
+                fix="pass the global value the program was captured with",
+            )
+        local = shard(value, Sharding.from_json(spmd["inputs"][spec.name]), mesh, rank)
+        out[spec.name] = local.to(device)
+    return out
+
+
+def _executable(program: Program, state: Mapping[str, torch.Tensor], device: torch.device):
+    """The cpu backend's executable of the per-rank program with this rank's local state."""
+    import portable
+
+    by_target = {s.target: state[s.name] for s in program.signature.state_inputs}
+    local = program.replace(weights={**program.weights, **by_target})
+    if device.type != "cpu":
+        _move_graph(local, device)
+    return portable.compile(local, backend="cpu")
+
+
+def _move_graph(program: Program, device: torch.device) -> None:
+    """Ops that create tensors (arange, full, ...) on the capture device create them on `device`."""
+    gm = program.graph_module
+    for node in gm.graph.nodes:
+        if isinstance(node.kwargs.get("device"), torch.device):
+            node.kwargs = {**node.kwargs, "device": device}
+    gm.to(device)
+    gm.recompile()
+
+
+# --------------------------------------------------------------------------- results
+
+
+def _gather(
+    program: Program,
+    spmd: Mapping[str, Any],
+    mesh: Mesh,
+    state: Mapping[str, torch.Tensor],
+    losses: Sequence[torch.Tensor],
+    outputs: Mapping[str, torch.Tensor],
+) -> dict[str, Any] | None:
+    """All-gather every rank's local values; on rank 0 the GLOBAL values (None elsewhere)."""
+    sig = program.signature
+    doc: dict[str, Any] = {}
+    tensors: dict[str, torch.Tensor] = {}
+    if program.kind is ProgramKind.TRAINING_STEP:
+        (loss_spec,) = sig.outputs_of(OutputKind.LOSS)
+        loss = Sharding.from_json(spmd["outputs"][loss_spec.name])
+        per_rank = _all_gather(torch.stack(list(losses)).float())
+        steps = Sharding(((),) + loss.dims, loss.partial)
+        doc["losses"] = [float(v) for v in unshard(per_rank, steps, mesh)] if per_rank else []
+        if per_rank:
+            stacked = torch.stack(per_rank)
+            doc["loss_spread"] = float((stacked.amax(0) - stacked.amin(0)).max())
+        # updated state has the sharding of the input it aliases: by weight key
+        for spec in sig.state_inputs:
+            if spec.kind is InputKind.CONSTANT:
+                continue
+            per_rank = _all_gather(state[spec.target])
+            if per_rank:
+                sharding = Sharding.from_json(spmd["inputs"][spec.name])
+                tensors[spec.target] = unshard(per_rank, sharding, mesh)
+    else:
+        for name, value in outputs.items():
+            per_rank = _all_gather(value)
+            if per_rank:
+                tensors[name] = unshard(per_rank, Sharding.from_json(spmd["outputs"][name]), mesh)
+    if dist.get_rank() != 0:
+        return None
+    return {"doc": doc, "tensors": tensors}
+
+
+def _all_gather(local: torch.Tensor) -> list[torch.Tensor]:
+    """Every rank's `local` (same shape everywhere), on the CPU; empty except on rank 0."""
+    local = local.detach().contiguous()
+    gathered = [torch.empty_like(local) for _ in range(dist.get_world_size())]
+    dist.all_gather(gathered, local)
+    return [t.cpu() for t in gathered] if dist.get_rank() == 0 else []
+
+
+def _write_out(out: Path, doc: dict[str, Any], results: Mapping[str, Any]) -> None:
+    """Write OUT atomically: a sibling temp dir renamed into place (OUT absent or empty)."""
+    out = Path(os.path.abspath(out))
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        from ..cli.exit_codes import OutputConflictError
+
+        raise OutputConflictError(
+            f"{out} exists and is not empty", fix="choose another --out or move it away"
+        )
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
+    tmp.mkdir()
+    try:
+        name = "state.safetensors" if doc["kind"] == ProgramKind.TRAINING_STEP else "outputs.safetensors"
+        tensors = {k: v.contiguous() for k, v in results["tensors"].items()}
+        safetensors.torch.save_file(tensors, tmp / name)
+        doc["files"] = {"results": "results.json", "tensors": name}
+        (tmp / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -34,6 +34,7 @@ axis (`all_reduce[dp]`), `bytes[<op>:<axis>]` the bytes each rank sends, and `re
 from __future__ import annotations
 
 import dataclasses
+import functools
 import operator
 from collections import Counter
 from typing import Any
@@ -50,7 +51,7 @@ from portable.ir.signature import InputSpec, OutputKind, OutputSpec, Signature, 
 from .base import Pass, PassResult
 from .spmd.layouts import input_shardings
 from .spmd.redistribute import Redistributor
-from .spmd.rules import RULES, Decision, RuleContext, replicate_all
+from .spmd.rules import RULES, RuleContext, replicate_all
 
 __all__ = ["SpmdPartition", "partition"]
 
@@ -68,10 +69,13 @@ class SpmdPartition(Pass):
     def apply(self, program: Program) -> PassResult:
         plan = program.plan
         if plan.is_single_device:
-            return PassResult(program, self.report(False, notes=["single-device plan: nothing to do"]))
+            return PassResult(
+                program, self.report(False, notes=["single-device plan: nothing to do"])
+            )
         if "spmd" in program.metadata:
             raise PassError(
-                f"{program.name} is already partitioned", pass_name=NAME,
+                f"{program.name} is already partitioned",
+                pass_name=NAME,
                 fix="apply spmd-partition once, to the single-device program",
             )
         if program.metadata.get("symbolic_dims"):
@@ -100,7 +104,13 @@ class _Partitioner:
         self.notes: list[str] = []
         self.replicated_ops: Counter[str] = Counter()
         self.red = Redistributor(self.graph, self.mesh, NAME)
-        self.ctx = RuleContext(self.mesh, self.red.sharding, self.red.global_shape, self.red.dtype)
+        self.ctx = RuleContext(
+            self.mesh,
+            self.red.sharding,
+            self.red.global_shape,
+            self.red.dtype,
+            program.plan.sequence_parallel,
+        )
 
     def run(self) -> PassResult:
         _mean_losses_as_sums(self.graph)
@@ -164,7 +174,9 @@ class _Partitioner:
             mm = self.graph.call_function(aten.mm.default, (a, b))
             add = self.graph.call_function(aten.add.Tensor, (mm, bias))
         for new in (mm, add):
-            new.meta.update({k: v for k, v in node.meta.items() if k in ("tensor", "val", "source")})
+            new.meta.update(
+                {k: v for k, v in node.meta.items() if k in ("tensor", "val", "source")}
+            )
         node.replace_all_uses_with(add)
         self.graph.erase_node(node)
         self._partition(mm)
@@ -196,9 +208,7 @@ class _Partitioner:
         sig = self.out.signature
         local = {n.name: n.meta["tensor"] for n in self.graph.nodes if n.op == "placeholder"}
         out_values = list(self.graph.output_node().args[0])
-        inputs = tuple(
-            InputSpec(i.name, i.kind, local[i.name], i.target) for i in sig.inputs
-        )
+        inputs = tuple(InputSpec(i.name, i.kind, local[i.name], i.target) for i in sig.inputs)
         outputs = tuple(
             OutputSpec(o.name, o.kind, v.meta["tensor"], o.target, o.aliases)
             for o, v in zip(sig.outputs, out_values, strict=True)
@@ -283,10 +293,14 @@ def _mean_losses_as_sums(graph: torch.fx.Graph) -> None:
             mean = graph.call_function(aten.div.Tensor, (getters[0], getters[1]))
         if "source" in node.meta:
             mean.meta["source"] = node.meta["source"]
-        getters[0].replace_all_uses_with(mean, delete_user_cb=lambda u: u is not mean)
+        getters[0].replace_all_uses_with(
+            mean, delete_user_cb=functools.partial(operator.is_not, mean)
+        )
 
 
-def _infer_meta(graph: torch.fx.Graph, local_inputs: dict[str, tuple[int, ...]] | None = None) -> None:
+def _infer_meta(
+    graph: torch.fx.Graph, local_inputs: dict[str, tuple[int, ...]] | None = None
+) -> None:
     """Set meta["tensor"] / meta["val"] of every node by running the fake kernels, from the
     placeholders' recorded specs (or `local_inputs` shapes)."""
     mode = FakeTensorMode(allow_non_fake_inputs=False)

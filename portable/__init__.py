@@ -8,7 +8,7 @@ program.save("model.portable"); portable.load("model.portable")
 
 from __future__ import annotations
 
-from . import optim
+from . import optim, parallel
 from .api import compile, lower
 from .archive import load
 from .capture import ModelSpec, capture, capture_spec, portable, spec_of
@@ -59,6 +59,7 @@ __all__ = [
     "load",
     "lower",
     "optim",
+    "parallel",
     "portable",
     "spec_of",
     "verify",

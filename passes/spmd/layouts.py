@@ -41,7 +41,9 @@ def _spec_sharding(plan: Plan, name: str, shape: tuple[int, ...]) -> Sharding:
     return sharding
 
 
-def _with_fsdp(plan: Plan, sharding: Sharding, shape: tuple[int, ...], notes: list[str], name: str) -> Sharding:
+def _with_fsdp(
+    plan: Plan, sharding: Sharding, shape: tuple[int, ...], notes: list[str], name: str
+) -> Sharding:
     axis = plan.fsdp_axis
     if axis is None or axis in sharding.axes():
         return sharding
@@ -74,7 +76,11 @@ def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
             out[spec.name] = s
         elif spec.kind is InputKind.OPTIMIZER_STATE:
             owner = _param_of_state(spec.target or "", params)
-            out[spec.name] = by_param.get(owner, Sharding.replicated(len(shape))) if owner else Sharding.replicated(len(shape))
+            out[spec.name] = (
+                by_param.get(owner, Sharding.replicated(len(shape)))
+                if owner
+                else Sharding.replicated(len(shape))
+            )
         else:
             out[spec.name] = _user_input(plan, spec, shape)
     return out

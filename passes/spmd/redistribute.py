@@ -79,8 +79,16 @@ class Redistributor:
                     and dims[target_dim] == list(want.dims[target_dim][:-1])
                     and op in ("sum", "avg")
                 ):
-                    node = self._emit("reduce_scatter", node, shape, dims, partial, axis,
-                                      reduce_op=op, dim=target_dim)
+                    node = self._emit(
+                        "reduce_scatter",
+                        node,
+                        shape,
+                        dims,
+                        partial,
+                        axis,
+                        reduce_op=op,
+                        dim=target_dim,
+                    )
                     dims[target_dim].append(axis)
                 else:
                     node = self._emit("all_reduce", node, shape, dims, partial, axis, reduce_op=op)
@@ -115,7 +123,9 @@ class Redistributor:
         dtype = self.dtype[value]
         nbytes = math.prod(local) * dtype.itemsize
         if op == "all_reduce":
-            call = self.graph.call_function(_ops.all_reduce.default, (value, kw["reduce_op"], axis, size))
+            call = self.graph.call_function(
+                _ops.all_reduce.default, (value, kw["reduce_op"], axis, size)
+            )
         elif op == "reduce_scatter":
             call = self.graph.call_function(
                 _ops.reduce_scatter.default, (value, kw["reduce_op"], kw["dim"], axis, size)
@@ -123,7 +133,9 @@ class Redistributor:
         elif op == "all_gather":
             call = self.graph.call_function(_ops.all_gather.default, (value, kw["dim"], axis, size))
         else:
-            call = self.graph.call_function(_ops.local_shard.default, (value, kw["dim"], axis, size))
+            call = self.graph.call_function(
+                _ops.local_shard.default, (value, kw["dim"], axis, size)
+            )
         _copy_source(value, call)
         if op == "local_shard":
             result = call

@@ -42,8 +42,16 @@ class Decision:
 
 
 class RuleContext:
-    def __init__(self, mesh: Mesh, sharding: dict, shapes: dict, dtypes: dict) -> None:
+    def __init__(
+        self,
+        mesh: Mesh,
+        sharding: dict,
+        shapes: dict,
+        dtypes: dict,
+        sequence_parallel: str | None = None,
+    ) -> None:
         self.mesh = mesh
+        self.sequence_parallel = sequence_parallel
         self._sharding = sharding
         self._shapes = shapes
         self._dtypes = dtypes
@@ -179,15 +187,30 @@ def pointwise(ctx: RuleContext, node: torch.fx.Node, *, keep_partial: bool = Tru
             ops = [ctx.sh(a).partial_op(axis) for k, a in tensors if k in pkeys]
             if _linear_partial(ctx, node, pkeys, ops):
                 partial[axis] = ops[0]
+            elif _sequence_split(ctx, axis, oshape, target):
+                # sequence parallelism: reduce-scatter the partial sum onto the sequence dim
+                # instead of all-reducing it; token-wise ops then run on a slice of the sequence
+                target[1] = target[1] + (axis,)
+                used.add(axis)
     out = Sharding(tuple(target), tuple(sorted(partial.items())))
     inputs = {}
     for key, arg in tensors:
         shape = ctx.shape(arg)
         off = nd - len(shape)
-        dims = tuple(target[d + off] if shape[d] == oshape[d + off] else () for d in range(len(shape)))
+        dims = tuple(
+            target[d + off] if shape[d] == oshape[d + off] else () for d in range(len(shape))
+        )
         keep = {a: op for a, op in partial.items() if ctx.sh(arg).partial_op(a)}
         inputs[key] = Sharding(dims, tuple(sorted(keep.items())))
     return Decision(inputs, out)
+
+
+def _sequence_split(ctx: RuleContext, axis: str, oshape, target) -> bool:
+    """Whether a [batch, seq, hidden] activation may be split on seq over `axis`."""
+    if ctx.sequence_parallel != axis or len(oshape) != 3:
+        return False
+    factor = math.prod(ctx.mesh.axis_size(a) for a in (*target[1], axis))
+    return oshape[1] % factor == 0
 
 
 _POINTWISE = [
@@ -394,7 +417,9 @@ def addmm(ctx, node):
     bshape = ctx.shape(bias)
     off = 2 - len(bshape)
     full = node.meta["tensor"].shape
-    bdims = tuple(out.dims[d + off] if bshape[d] == full[d + off] else () for d in range(len(bshape)))
+    bdims = tuple(
+        out.dims[d + off] if bshape[d] == full[d + off] else () for d in range(len(bshape))
+    )
     return Decision({0: Sharding(bdims), 1: a_req, 2: b_req}, out)
 
 
@@ -512,8 +537,10 @@ def view_like(ctx, node):
                 out_dims[lead_j] = tuple(in_dims[d])
             else:
                 in_dims[d] = []
-    return Decision({0: Sharding(tuple(tuple(d) for d in in_dims), s.partial)},
-                    Sharding(tuple(out_dims), s.partial))
+    return Decision(
+        {0: Sharding(tuple(tuple(d) for d in in_dims), s.partial)},
+        Sharding(tuple(out_dims), s.partial),
+    )
 
 
 @rule(aten.expand.default)
@@ -613,7 +640,9 @@ def _replicated_args(ctx, node, positions) -> dict:
 def native_layer_norm(ctx, node):
     nnorm = len(node.args[1])
     s = _norm_input(ctx, node.args[0], nnorm)
-    return Decision({0: s, **_replicated_args(ctx, node, (2, 3))}, (s, _stats(s, nnorm), _stats(s, nnorm)))
+    return Decision(
+        {0: s, **_replicated_args(ctx, node, (2, 3))}, (s, _stats(s, nnorm), _stats(s, nnorm))
+    )
 
 
 @rule(aten.native_layer_norm_backward.default)
@@ -651,7 +680,11 @@ def rms_norm_backward(ctx, node):
     w = node.args[3] if len(node.args) > 3 else None
     inputs = {0: s, 1: s, **_replicated_args(ctx, node, (3,))}
     wmeta = node.meta["tensor"][1]
-    dw = _leading_partial(s, len(wmeta.shape)) if isinstance(w, torch.fx.Node) else Sharding.replicated(len(wmeta.shape))
+    dw = (
+        _leading_partial(s, len(wmeta.shape))
+        if isinstance(w, torch.fx.Node)
+        else Sharding.replicated(len(wmeta.shape))
+    )
     return Decision(inputs, (s, dw))
 
 
@@ -671,7 +704,8 @@ def _mask_sharding(ctx, mask, s: Sharding, full: Sequence[int]) -> Sharding:
     shape = ctx.shape(mask)
     off = len(full) - len(shape)
     dims = tuple(
-        s.dims[d + off] if (d + off < 2 and shape[d] == full[d + off]) else () for d in range(len(shape))
+        s.dims[d + off] if (d + off < 2 and shape[d] == full[d + off]) else ()
+        for d in range(len(shape))
     )
     return Sharding(dims)
 
@@ -742,7 +776,12 @@ def nll_loss_backward(ctx, node):
     if isinstance(weight, torch.fx.Node) or reduction == 0:
         return replicate_all(ctx, node)
     xs = _unshard_dims(_drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
-    inputs = {0: replicated_like(ctx, grad), 1: xs, 2: Sharding(xs.dims[:-1]), 6: replicated_like(ctx, total)}
+    inputs = {
+        0: replicated_like(ctx, grad),
+        1: xs,
+        2: Sharding(xs.dims[:-1]),
+        6: replicated_like(ctx, total),
+    }
     return Decision(inputs, xs)
 
 

@@ -126,16 +126,13 @@ def test_local_shard_gives_one_program_per_coordinate_with_groups_in_the_manifes
 
 def test_validator_checks_replica_groups(tmp_path):
     program, _, _ = tp_mlp_program()
-    lowered = portable.lower(program, "neuron")
-    record = lowered.lowered.payload.programs[0] if hasattr(lowered, "lowered") else None
-    record = record or lowered.payload.programs[0]
+    payload = portable.lower(program, "neuron").payload  # NeuronLowered
+    record = payload.programs[0]
     layout = RankLayout.of(Mesh({"dp": 2, "tp": 2}))
     bad = record.hlo_text.replace(
         "replica_groups={{0,1},{2,3}}", "replica_groups={{0,1},{1,3,4}}", 1
     )
-    findings = validate(
-        parse_hlo_text(bad), lowered.payload.target, program=record.program, ranks=layout
-    )
+    findings = validate(parse_hlo_text(bad), payload.target, program=record.program, ranks=layout)
     codes = [f for f in findings if f.code.startswith("replica-groups")]
     text = "\n".join(f.render() for f in codes)
     assert "outside the world of 4" in text and "missing [2]" in text and "repeated [1]" in text
@@ -145,7 +142,7 @@ def test_validator_checks_replica_groups(tmp_path):
         "replica_groups={{0,1},{2,3}}", "replica_groups={{0,1,2,3}}", 1
     )
     findings = validate(
-        parse_hlo_text(wrong_size), lowered.payload.target, program=record.program, ranks=layout
+        parse_hlo_text(wrong_size), payload.target, program=record.program, ranks=layout
     )
     assert any("over mesh axis 'tp' (size 2) has groups of 4" in f.what for f in findings)
 

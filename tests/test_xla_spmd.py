@@ -9,8 +9,6 @@ step and every parameter, within 1e-5).
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
@@ -21,6 +19,15 @@ from portable.ir.sharding import Sharding, shard
 pytest.importorskip("jax")
 
 from portable.backends.xla.spmd import is_per_rank, run_spmd  # noqa: E402
+from portable.passes.spmd_partition import partition  # noqa: E402
+from tests.spmd_cases import (  # noqa: E402
+    PLAN_NAMES,
+    STEPS,
+    assert_matches,
+    plan_for,
+    reference,
+    training_program,
+)
 
 ops = torch.ops.portable
 MESH = {"dp": 2, "tp": 2}
@@ -134,60 +141,19 @@ def test_not_enough_devices_and_bad_metadata_are_explained():
 
 # --------------------------------------------------------------------------- examples, real pass
 
-STEPS = 5
-TOL = {"rtol": 1e-5, "atol": 1e-5}
-_MLP_TP = (r"blocks\.\d+\.mlp\.fc", r"blocks\.\d+\.mlp\.proj")  # GPT
-_LLAMA_TP = (r"blocks\.\d+\.mlp\.(gate|up)_proj", r"blocks\.\d+\.mlp\.down_proj")
-
-
-def _plan(kind: str, stem: str):
-    from portable.parallel import column_parallel, row_parallel
-
-    column, row = _MLP_TP if stem == "gpt" else _LLAMA_TP
-    tp_rules = tuple(column_parallel(column, bias=stem == "gpt") + row_parallel(row))
-    return {
-        "dp": Plan(Mesh({"dp": 2}), batch_axes=("dp",)),
-        "tp": Plan(Mesh({"tp": 2}), rules=tp_rules),
-        "dp_tp": Plan(Mesh({"dp": 2, "tp": 2}), batch_axes=("dp",), rules=tp_rules),
-        "fsdp": Plan(Mesh({"dp": 2}), batch_axes=("dp",), fsdp_axis="dp"),
-    }[kind]
-
-
-def train_example(stem: str, example_spec):
-    spec = example_spec(stem)
-    torch.manual_seed(0)
-    program = portable.capture(
-        spec.build(),
-        spec.batch(),
-        loss_fn=spec.loss_fn,
-        optimizer=portable.optim.SGD(lr=1e-2, momentum=0.9),
-    )
-    return spec, program
-
-
-_PASS = importlib.util.find_spec("portable.passes.spmd_partition") is not None
 _REFERENCE: dict = {}
 
 
-@pytest.mark.skipif(not _PASS, reason="the spmd-partition pass is not in this tree yet")
-@pytest.mark.parametrize("plan", ["dp", "tp", "dp_tp", "fsdp"])
+@pytest.mark.parametrize("plan", PLAN_NAMES)
 @pytest.mark.parametrize("stem", ["gpt", "llama"])
 def test_example_training_matches_single_device(stem, plan, example_spec):
-    from portable.passes.spmd_partition import partition
-
-    spec, program = train_example(stem, example_spec)
+    """The examples' own training step (AdamW), partitioned by the plans of tests/spmd_cases.py
+    (head-parallel attention for Llama), five steps on 2 or 4 XLA host devices."""
+    program, flat = training_program(example_spec(stem))
     if stem not in _REFERENCE:  # the single-device cpu run, once per example
-        cpu = portable.compile(program, backend="cpu")
-        _REFERENCE[stem] = [cpu(*spec.batch()) for _ in range(STEPS)]
-    reference = _REFERENCE[stem]
-    per_rank, _ = partition(program.replace(plan=_plan(plan, stem)))
+        _REFERENCE[stem] = reference(program, flat)
+    per_rank, _ = partition(program.replace(plan=plan_for(stem, plan)))
     assert is_per_rank(per_rank)
-    state = [program.weights[s.target] for s in per_rank.signature.state_inputs]
-    result = run_spmd(per_rank, state + list(spec.batch()), steps=STEPS)
-    assert len(result.losses) == STEPS
-    for step, (want, got) in enumerate(zip(reference, result.losses, strict=True)):
-        torch.testing.assert_close(got, want.loss, **TOL, msg=f"loss of step {step + 1}")
-    params = program.parameters()
-    assert set(params) <= set(result.state)
-    for key in params:
-        torch.testing.assert_close(result.state[key], reference[-1].state[key], **TOL, msg=key)
+    result = run_spmd(per_rank, flat, steps=STEPS)
+    outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
+    assert_matches(stem, _REFERENCE[stem], result.losses, outputs)

@@ -28,10 +28,18 @@ def runtime_env(
             "value": str(target.logical_nc_config),
             "why": "must equal --logical-nc-config of the compile",
         }
-    env["NEURON_RT_VISIBLE_CORES"] = {
-        "value": options.visible_cores,
-        "why": "one logical core runs this single-device program",
-    }
+    world = _world_size(program)
+    env["NEURON_RT_VISIBLE_CORES"] = (
+        {
+            "value": f"0-{world - 1}",
+            "why": f"one logical core per rank: {world} ranks (per node: cores of this node)",
+        }
+        if world > 1
+        else {
+            "value": options.visible_cores,
+            "why": "one logical core runs this single-device program",
+        }
+    )
     bf16 = any("bf16" in ins.elements for ins in module.instructions())
     if program.kind is ProgramKind.TRAINING_STEP and bf16:
         env["NEURON_RT_STOCHASTIC_ROUNDING_EN"] = {
@@ -39,3 +47,10 @@ def runtime_env(
             "why": "bf16 training: stochastic rounding keeps small weight updates",
         }
     return env
+
+
+def _world_size(program: Program) -> int:
+    import math
+
+    spmd = program.metadata.get("spmd")
+    return math.prod(spmd["mesh"].values()) if spmd else 1

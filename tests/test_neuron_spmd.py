@@ -6,7 +6,6 @@ CPU devices and must reproduce the single-device result.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import re
 import sys
@@ -22,11 +21,14 @@ from portable.ir.sharding import Sharding, coords_of, shard, unshard
 pytest.importorskip("jax")
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from test_xla_spmd import _plan, tp_mlp_program, train_example  # noqa: E402
+from test_xla_spmd import tp_mlp_program  # noqa: E402
 
 from portable.backends.neuron.collectives import RankLayout  # noqa: E402
 from portable.backends.neuron.hlo import parse_hlo_text  # noqa: E402
 from portable.backends.neuron.validate import validate  # noqa: E402
+from portable.ir.plan import Plan  # noqa: E402
+from portable.parallel import column_parallel, row_parallel  # noqa: E402
+from tests.spmd_cases import reference, training_program  # noqa: E402
 
 
 def run_replicated(
@@ -147,18 +149,24 @@ def test_validator_checks_replica_groups(tmp_path):
     assert any("over mesh axis 'tp' (size 2) has groups of 4" in f.what for f in findings)
 
 
-_PASS = importlib.util.find_spec("portable.passes.spmd_partition") is not None
-
-
-@pytest.mark.skipif(not _PASS, reason="the spmd-partition pass is not in this tree yet")
 def test_gpt_dp_tp_per_rank_hlo_reproduces_the_single_device_step(tmp_path, example_spec):
     from portable.passes.spmd_partition import partition
 
-    spec, program = train_example("gpt", example_spec)
-    per_rank, _ = partition(program.replace(plan=_plan("dp_tp", "gpt")))
+    # GPT's fused qkv needs local_shard under head parallelism (one HLO per tp coordinate, see
+    # below); with its MLPs column/row parallel every rank runs the same HLO
+    program, flat = training_program(example_spec("gpt"))
+    plan = Plan(
+        Mesh({"dp": 2, "tp": 2}),
+        rules=[
+            *column_parallel(r"blocks\.\d+\.mlp\.fc"),
+            *row_parallel(r"blocks\.\d+\.mlp\.proj"),
+        ],
+        batch_axes=("dp",),
+    )
+    per_rank, _ = partition(program.replace(plan=plan))
     portable.lower(per_rank, "neuron", tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["spmd"]["program_of_rank"] == ["GPT"] * 4  # no local_shard: one HLO
+    assert manifest["spmd"]["program_of_rank"] == ["GPT.train_step"] * 4  # no local_shard: one HLO
     (prog,) = manifest["programs"]
     text = (tmp_path / prog["files"]["hlo_text"]).read_text()
     groups = set(_groups(text, "all-reduce")) | set(_groups(text, "all-gather"))
@@ -166,22 +174,18 @@ def test_gpt_dp_tp_per_rank_hlo_reproduces_the_single_device_step(tmp_path, exam
     assert {c["axis"] for c in prog["replica_groups"]} == {"dp", "tp"}
     # run THAT HLO on 4 replicas: every rank gets its shard of the global state and batch
     meta, mesh = per_rank.metadata["spmd"], Mesh(per_rank.metadata["spmd"]["mesh"])
-    values = {s.name: program.weights[s.target] for s in per_rank.signature.state_inputs}
-    users = [s.name for s in per_rank.signature.user_inputs]
-    values.update(zip(users, spec.batch(), strict=True))
+    values = {s.name: v for s, v in zip(per_rank.signature.inputs, flat, strict=True)}
     used = [inp["name"] for inp in prog["io_spec"]["inputs"]]
     args = [
         [shard(values[n], Sharding.from_json(meta["inputs"][n]), mesh, r) for n in used]
         for r in range(4)  # dp x tp declared in NxD order: portable rank r is NxD rank r
     ]
     outs = run_replicated((tmp_path / prog["files"]["hlo"]).read_bytes(), args)
-    cpu = portable.compile(program, backend="cpu")(*spec.batch())
+    want_losses, want_outputs = reference(program, flat, steps=1)
     sig = per_rank.signature
     for k, out in enumerate(sig.outputs):
         got = unshard(
             [outs[r][k] for r in range(4)], Sharding.from_json(meta["outputs"][out.name]), mesh
         )
-        want = cpu.loss if out.kind.value == "loss" else cpu.state.get(out.target)
-        if want is not None:
-            torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5, msg=out.name)
+        torch.testing.assert_close(got, want_outputs[out.name], rtol=1e-5, atol=1e-5, msg=out.name)
     assert coords_of(mesh, 3) == {"dp": 1, "tp": 1}

@@ -84,7 +84,10 @@ class SpmdPartition(Pass):
                 pass_name=NAME,
                 fix="partition a program captured with static shapes",
             )
-        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
+        shapes = {i.target or i.name: i.spec.shape for i in program.signature.inputs}
+        for dropped, kept in program.metadata.get("tied_weights", {}).items():
+            shapes.setdefault(dropped, shapes.get(kept, ()))  # a tied weight answers to both names
+        plan.validate(shapes)
         return _Partitioner(program, self).run()
 
 
@@ -159,10 +162,15 @@ class _Partitioner:
             if want is None or arg not in self.red.sharding:
                 continue
             _set(node, key, self.red.to(arg, want, node))
+        vocab_axis = decision.args.pop("vocab_parallel", None)
         for pos, value in decision.args.items():
             args = list(node.args)
             args[pos] = value
             node.args = tuple(args)
+        if vocab_axis is not None:
+            node = _masked_lookup(self.graph, node, vocab_axis, self.mesh.axis_size(vocab_axis))
+            self.red.global_shape[node] = tuple(node.meta["tensor"].shape)
+            self.red.dtype[node] = node.meta["tensor"].dtype
         self._record(node, decision.output)
 
     def _split_addmm(self, node: torch.fx.Node) -> None:
@@ -269,6 +277,41 @@ def _set(node: torch.fx.Node, key, value) -> None:
     else:
         args[key] = value
     node.args = tuple(args)
+
+
+def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int) -> torch.fx.Node:
+    """embedding(W_shard, ids) -> the vocabulary-parallel lookup on this rank's rows:
+
+        start = local_shard(arange(V), 0, axis, n)[0]        this rank's first vocabulary id
+        local = ids - start; hit = (local >= 0) & (local < V / n)
+        out = embedding(W_shard, local * hit) * hit[..., None]    a partial sum over `axis`
+
+    Returns the node computing `out` (which replaces `node`). The backward needs no change: the
+    dense gradient of the whole table is sliced to this rank's rows by the optimizer update."""
+    weight, ids = node.args[:2]
+    vocab = int(weight.meta["tensor"].shape[0]) if "tensor" in weight.meta else None
+    if vocab is None:
+        raise PassError("vocabulary-parallel embedding without a recorded table shape", pass_name=NAME)
+    rows = vocab // n
+    with graph.inserting_before(node):
+        every = graph.call_function(aten.arange.start_step, (0, vocab, 1), {"dtype": torch.int64})
+        mine = graph.call_function(torch.ops.portable.local_shard.default, (every, 0, axis, n))
+        start = graph.call_function(aten.select.int, (mine, 0, 0))
+        local = graph.call_function(aten.sub.Tensor, (ids, start))
+        low = graph.call_function(aten.ge.Scalar, (local, 0))
+        high = graph.call_function(aten.lt.Scalar, (local, rows))
+        hit = graph.call_function(aten.bitwise_and.Tensor, (low, high))
+        safe = graph.call_function(aten.mul.Tensor, (local, hit))
+        rows_out = graph.call_function(aten.embedding.default, (weight, safe, *node.args[2:]))
+        keep = graph.call_function(aten.unsqueeze.default, (hit, -1))
+        out = graph.call_function(aten.mul.Tensor, (rows_out, keep))
+    for new in (every, mine, start, local, low, high, hit, safe, rows_out, keep, out):
+        if "source" in node.meta:
+            new.meta["source"] = node.meta["source"]
+    out.meta["tensor"] = node.meta["tensor"]
+    node.replace_all_uses_with(out)
+    graph.erase_node(node)
+    return out
 
 
 def _mean_losses_as_sums(graph: torch.fx.Graph) -> None:

@@ -48,6 +48,17 @@ def plan_for(stem: str, name: str) -> Plan:
         return Plan(Mesh({"dp": 2, "tp": 2}), rules=tp_rules(stem), batch_axes=("dp",))
     if name == "fsdp":
         return Plan(Mesh({"dp": 2}), batch_axes=("dp",), fsdp_axis="dp")
+    if name == "dp_tp_vocab":  # + the embedding table split on the vocabulary (tied in GPT)
+        table = "wte" if stem == "gpt" else "embed"
+        rules = tp_rules(stem) + par.vocab_parallel(table)
+        return Plan(Mesh({"dp": 2, "tp": 2}), rules=rules, batch_axes=("dp",))
+    if name == "dp_tp_sp":  # + sequence parallelism over tp
+        return Plan(
+            Mesh({"dp": 2, "tp": 2}),
+            rules=tp_rules(stem),
+            batch_axes=("dp",),
+            sequence_parallel="tp",
+        )
     raise KeyError(name)
 
 

@@ -183,3 +183,22 @@ def test_ops_without_a_rule_run_on_full_copies(programs):
     assert report.counts["replicated-ops"] == 2
     assert any("aten.mse_loss.default" in n for n in report.notes)
     assert not any(n.target is operator.getitem and not n.users for n in per_rank.graph.nodes)
+
+
+def test_vocab_parallel_embedding_looks_up_on_the_shard(programs):
+    program = programs["llama"]
+    per_rank, report = partition(program.replace(plan=plan_for("llama", "dp_tp_vocab")))
+    portable.verify(per_rank)
+    assert _local(per_rank, "embed.weight") == (64, 64)  # vocab 128 over tp=2
+    lookups = [n for n in per_rank.graph.nodes if n.target is torch.ops.aten.embedding.default]
+    (lookup,) = lookups
+    assert lookup.args[0].op == "placeholder"  # the local shard itself, never gathered
+    assert report.counts.get("all_gather[tp]", 0) == 0
+
+
+def test_tied_weights_answer_to_either_name(programs):
+    # GPT ties lm_head.weight to wte.weight: a rule for wte shards the one tensor both use
+    per_rank, _ = partition(programs["gpt"].replace(plan=plan_for("gpt", "dp_tp_vocab")))
+    tied = programs["gpt"].metadata["tied_weights"]
+    kept = next(iter(tied.values()))
+    assert _local(per_rank, kept)[0] * 2 == _local(programs["gpt"], kept)[0]

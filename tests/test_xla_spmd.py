@@ -157,3 +157,14 @@ def test_example_training_matches_single_device(stem, plan, example_spec):
     result = run_spmd(per_rank, flat, steps=STEPS)
     outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
     assert_matches(stem, _REFERENCE[stem], result.losses, outputs)
+
+
+@pytest.mark.parametrize(("stem", "plan"), [("llama", "dp_tp_vocab"), ("llama", "dp_tp_sp")])
+def test_vocab_and_sequence_parallel_match_single_device(stem, plan, example_spec):
+    program, flat = training_program(example_spec(stem))
+    if stem not in _REFERENCE:
+        _REFERENCE[stem] = reference(program, flat)
+    per_rank, report = partition(program.replace(plan=plan_for(stem, plan)))
+    result = run_spmd(per_rank, flat, steps=STEPS)
+    outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
+    assert_matches(stem, _REFERENCE[stem], result.losses, outputs)

@@ -29,8 +29,12 @@ def _param_of_state(target: str, params: set[str]) -> str | None:
     return head if head in params else None
 
 
-def _spec_sharding(plan: Plan, name: str, shape: tuple[int, ...]) -> Sharding:
+def _spec_sharding(
+    plan: Plan, name: str, shape: tuple[int, ...], aliases: tuple[str, ...] = ()
+) -> Sharding:
     spec = plan.spec_for(name)
+    for alias in aliases:  # tied weights: a spec for either name applies
+        spec = spec if spec is not None else plan.spec_for(alias)
     if spec is not None and len(spec.dims) > len(shape):
         raise PlanError(
             f"spec {spec} has {len(spec.dims)} dims but {name} has {len(shape)} ({list(shape)})",
@@ -66,10 +70,14 @@ def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
     params = {i.target for i in sig.inputs_of(InputKind.PARAMETER)}
     out: dict[str, Sharding] = {}
     by_param: dict[str, Sharding] = {}
+    tied: dict[str, tuple[str, ...]] = {}
+    for dropped, kept in program.metadata.get("tied_weights", {}).items():
+        tied[kept] = (*tied.get(kept, ()), dropped)
     for spec in sig.inputs:
         shape = tuple(int(s) for s in spec.spec.shape)
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT):
-            s = _spec_sharding(plan, spec.target or spec.name, shape)
+            name = spec.target or spec.name
+            s = _spec_sharding(plan, name, shape, tied.get(name, ()))
             if spec.kind is InputKind.PARAMETER:
                 s = _with_fsdp(plan, s, shape, notes, spec.target or spec.name)
                 by_param[spec.target] = s

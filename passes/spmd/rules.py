@@ -736,13 +736,20 @@ def attention_backward(ctx, node):
 
 @rule(aten.embedding.default)
 def embedding(ctx, node):
+    """A table split on the vocabulary over one axis is looked up on the shard (the walker's
+    masked lookup: ids outside the shard give zeros, the result is a partial sum over the axis);
+    otherwise the vocabulary dim is gathered first."""
     weight, indices = node.args[:2]
     ws = _drop_partial(ctx.sh(weight))
-    ws = _unshard_dims(ws, [0])  # a split vocabulary is gathered (masked lookup: not yet)
     xs = _drop_partial(ctx.sh(indices))
     used = set(xs.axes())
     if used & set(ws.dims[1]):
         ws = _unshard_dims(ws, [1])
+    if len(ws.dims[0]) == 1 and not used & set(ws.dims[0]) and not ws.dims[1]:
+        (axis,) = ws.dims[0]
+        out = Sharding(xs.dims + ((),), ((axis, "sum"),))
+        return Decision({0: ws, 1: xs}, out, args={"vocab_parallel": axis})
+    ws = _unshard_dims(ws, [0])
     return Decision({0: ws, 1: xs}, Sharding(xs.dims + (ws.dims[1],)))
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -117,7 +116,9 @@ def load_plan(text: str) -> Plan:
         try:
             data = json.loads(path.read_text())
         except json.JSONDecodeError as exc:
-            raise PlanError(f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()") from exc
+            raise PlanError(
+                f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()"
+            ) from exc
         try:
             return Plan.from_json(data)
         except (KeyError, TypeError, AttributeError) as exc:
@@ -180,8 +181,14 @@ def _partition(program: Program) -> Program:
 
         # one process: the program is its own per-rank program
         per_rank = program.replace(plan=program.plan)
-        ins = {i.name: Sharding.replicated(len(i.spec.shape)).to_json() for i in program.signature.inputs}
-        outs = {o.name: Sharding.replicated(len(o.spec.shape)).to_json() for o in program.signature.outputs}
+        ins = {
+            i.name: Sharding.replicated(len(i.spec.shape)).to_json()
+            for i in program.signature.inputs
+        }
+        outs = {
+            o.name: Sharding.replicated(len(o.spec.shape)).to_json()
+            for o in program.signature.outputs
+        }
         per_rank.metadata["spmd"] = {
             "mesh": program.plan.mesh.to_json() if program.plan.mesh else {},
             "inputs": ins,
@@ -255,6 +262,3 @@ def _positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
-
-
-

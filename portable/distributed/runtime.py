@@ -90,7 +90,9 @@ class TorchCollectives:
         out = _fc.reduce_scatter_tensor(moved, reduce_op, group_size, name)
         return self._issue(out, _move_back(dim))
 
-    def all_to_all(self, x: torch.Tensor, split_dim: int, concat_dim: int, axis: str, group_size: int):
+    def all_to_all(
+        self, x: torch.Tensor, split_dim: int, concat_dim: int, axis: str, group_size: int
+    ):
         name = self._group(axis, group_size)
         if name is None:
             return x.clone()

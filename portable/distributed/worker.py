@@ -40,7 +40,7 @@ import safetensors.torch
 import torch
 import torch.distributed as dist
 
-from ..errors import ArchiveError, InputError, PlanError, PortableError
+from ..errors import ArchiveError, InputError, PortableError
 from ..ir.plan import Mesh
 from ..ir.program import Program, ProgramKind
 from ..ir.sharding import Sharding, shard, unshard
@@ -309,7 +309,8 @@ def _write_out(out: Path, doc: dict[str, Any], results: Mapping[str, Any]) -> No
     tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
     tmp.mkdir()
     try:
-        name = "state.safetensors" if doc["kind"] == ProgramKind.TRAINING_STEP else "outputs.safetensors"
+        training = doc["kind"] == ProgramKind.TRAINING_STEP
+        name = "state.safetensors" if training else "outputs.safetensors"
         tensors = {k: v.contiguous() for k, v in results["tensors"].items()}
         safetensors.torch.save_file(tensors, tmp / name)
         doc["files"] = {"results": "results.json", "tensors": name}

@@ -35,6 +35,7 @@ registry: Registry[type[Pass]] = Registry(
     {
         "dce": "portable.passes.dce:DeadCodeElimination",
         "canonicalize": "portable.passes.canonicalize:Canonicalize",
+        "comm-overlap": "portable.passes.comm_overlap:CommOverlap",
         "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
         "softmax-fusion": "portable.passes.softmax_fusion:SoftmaxFusion",
         "spmd-partition": "portable.passes.spmd_partition:SpmdPartition",

@@ -46,7 +46,14 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from portable.errors import PassError, PlanError
 from portable.ir.program import Program
 from portable.ir.sharding import Sharding
-from portable.ir.signature import InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
+from portable.ir.signature import (
+    InputKind,
+    InputSpec,
+    OutputKind,
+    OutputSpec,
+    Signature,
+    TensorSpec,
+)
 
 from .base import Pass, PassResult
 from .spmd.layouts import input_shardings
@@ -84,10 +91,7 @@ class SpmdPartition(Pass):
                 pass_name=NAME,
                 fix="partition a program captured with static shapes",
             )
-        shapes = {i.target or i.name: i.spec.shape for i in program.signature.inputs}
-        for dropped, kept in program.metadata.get("tied_weights", {}).items():
-            shapes.setdefault(dropped, shapes.get(kept, ()))  # a tied weight answers to both names
-        plan.validate(shapes)
+        plan.validate(program.tensor_shapes())
         return _Partitioner(program, self).run()
 
 
@@ -113,6 +117,7 @@ class _Partitioner:
             self.red.global_shape,
             self.red.dtype,
             program.plan.sequence_parallel,
+            _parameter_values(self.graph, program),
         )
 
     def run(self) -> PassResult:
@@ -279,6 +284,32 @@ def _set(node: torch.fx.Node, key, value) -> None:
     node.args = tuple(args)
 
 
+_PARAMETER_VIEWS = {
+    aten.t.default,
+    aten.transpose.int,
+    aten.permute.default,
+    aten.view.default,
+    aten._unsafe_view.default,
+    aten.reshape.default,
+    aten.expand.default,
+    aten.unsqueeze.default,
+    aten._to_copy.default,
+    aten.clone.default,
+}
+
+
+def _parameter_values(graph: torch.fx.Graph, program: Program) -> frozenset[torch.fx.Node]:
+    """Parameter placeholders and the views / casts computed from them alone."""
+    names = {i.name for i in program.signature.inputs_of(InputKind.PARAMETER)}
+    found: set[torch.fx.Node] = set()
+    for node in graph.nodes:
+        if node.op == "placeholder" and node.name in names:
+            found.add(node)
+        elif node.target in _PARAMETER_VIEWS and node.args and node.args[0] in found:
+            found.add(node)
+    return frozenset(found)
+
+
 def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int) -> torch.fx.Node:
     """embedding(W_shard, ids) -> the vocabulary-parallel lookup on this rank's rows:
 
@@ -291,7 +322,9 @@ def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int
     weight, ids = node.args[:2]
     vocab = int(weight.meta["tensor"].shape[0]) if "tensor" in weight.meta else None
     if vocab is None:
-        raise PassError("vocabulary-parallel embedding without a recorded table shape", pass_name=NAME)
+        raise PassError(
+            "vocabulary-parallel embedding without a recorded table shape", pass_name=NAME
+        )
     rows = vocab // n
     with graph.inserting_before(node):
         every = graph.call_function(aten.arange.start_step, (0, vocab, 1), {"dtype": torch.int64})

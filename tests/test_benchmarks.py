@@ -151,3 +151,34 @@ def test_attention_fusion_benchmark_small_form_writes_its_block(tmp_path):
     # at 128 the scores are 8 x 128 x 128: the unfused HLO has them, the fused one does not need to
     assert result["hlo_unfused"][0] >= result["hlo_fused"][0]
     assert "old" not in doc.read_text() and "peak memory of a step" in doc.read_text()
+
+
+def test_comm_overlap_benchmark_tiny_run_measures_all_three_variants(tmp_path):
+    import json
+
+    bench = _bench("comm_overlap")
+    out, doc = tmp_path / "r.json", tmp_path / "perf.md"
+    doc.write_text(f"# P\n{bench.MARK}\nold\n{bench.MARK}\n")
+    argv = [
+        "--layers",
+        "1",
+        "--width",
+        "64",
+        "--batch",
+        "2",
+        "--seq",
+        "8",
+        "--steps",
+        "1",
+        "--rounds",
+        "1",
+        "--json",
+        str(out),
+        "--write",
+        str(doc),
+    ]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    assert set(result["step_s"]) == {"baseline", "overlap", "compute-only"}
+    assert result["losses_identical"] and result["pass"]["bucketed"] > 1
+    assert "old" not in doc.read_text() and "exposed communication" in doc.read_text()

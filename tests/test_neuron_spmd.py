@@ -1,7 +1,8 @@
 """Neuron per-rank HLO (backends/neuron/collectives.py): explicit replica groups of global ranks in
-NxD order, one HLO per distinct rank program, the manifest's rank map, and the validator's group
+NxD order, ONE HLO for every rank (a program that needs its rank's coordinate takes the NxD rank as
+an int32 input, `rank_id`), the manifest's rank map, and the validator's group and rank-input
 checks. The written HLO itself is executed as a replicated program (num_replicas = 4) on 4 XLA
-CPU devices and must reproduce the single-device result.
+CPU devices, each replica given its own rank id, and must reproduce the single-device result.
 """
 
 from __future__ import annotations
@@ -28,7 +29,9 @@ from portable.backends.neuron.hlo import parse_hlo_text  # noqa: E402
 from portable.backends.neuron.validate import validate  # noqa: E402
 from portable.ir.plan import Plan  # noqa: E402
 from portable.parallel import column_parallel, row_parallel  # noqa: E402
-from tests.spmd_cases import reference, training_program  # noqa: E402
+from tests.spmd_cases import plan_for, reference, training_program  # noqa: E402
+
+ops = torch.ops.portable
 
 
 def run_replicated(
@@ -84,46 +87,147 @@ def test_rank_layout_is_nxd_order_and_unknown_axes_are_refused():
     assert "fix: rename the axis" in str(info.value)
 
 
-def test_local_shard_gives_one_program_per_coordinate_with_groups_in_the_manifest(tmp_path):
-    program, inputs, expected = tp_mlp_program()
+def _lower(program, tmp_path) -> tuple[dict, dict, str]:
+    """(manifest, its one program, that program's HLO text) of the neuron lowering."""
     portable.lower(program, "neuron", tmp_path)
     manifest = json.loads((tmp_path / "manifest.json").read_text())
-    spmd = manifest["spmd"]
-    assert spmd["world_size"] == 4 and spmd["program_of_rank"] == ["tp_mlp.tp0", "tp_mlp.tp1"] * 2
-    assert [r["core"] for r in spmd["ranks"]] == [0, 1, 2, 3]
-    first = manifest["programs"][0]
-    assert first["ranks"] == [0, 2] and first["specialised_to"] == {"tp": 0}
-    by_axis = {c["axis"]: c["replica_groups"] for c in first["replica_groups"]}
-    assert by_axis == {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
-    text = (tmp_path / "programs" / "tp_mlp.tp0" / "model" / "graph.hlo.txt").read_text()
-    assert _groups(text, "all-reduce")[0] == "{{0,1},{2,3}}"
-    assert "replica-id" not in text and "partition-id" not in text
-    # run each variant's HLO on all 4 replicas; ranks take the outputs of their own variant
-    layout = RankLayout.of(Mesh({"dp": 2, "tp": 2}))
+    (prog,) = manifest["programs"]  # one HLO for every rank
+    return manifest, prog, (tmp_path / prog["files"]["hlo_text"]).read_text()
+
+
+def _rank_args(program, values: dict, used: list[str]) -> list[list[torch.Tensor]]:
+    """Per NxD rank: its shard of every used input, then its rank id (int32 scalar). The meshes
+    here are declared in NxD order (dp, tp), so portable rank r is NxD rank r."""
     meta = program.metadata["spmd"]
     mesh = Mesh(meta["mesh"])
-    names = [s.name for s in program.signature.inputs]
-    locals_ = [
-        [
-            shard(v, Sharding.from_json(meta["inputs"][n]), mesh, r)
-            for n, v in zip(names, inputs, strict=True)
-        ]
-        for r in range(4)
+    layout = RankLayout.of(mesh)
+    assert [layout.nxd_of_portable(r) for r in range(mesh.size)] == list(range(mesh.size))
+    return [
+        [shard(values[n], Sharding.from_json(meta["inputs"][n]), mesh, r) for n in used]
+        + [torch.tensor(r, dtype=torch.int32)]
+        for r in range(mesh.size)
     ]
-    per_rank: list = [None] * 4
-    for prog in manifest["programs"]:
-        proto = (tmp_path / prog["files"]["hlo"]).read_bytes()
-        nxd_args = [
-            locals_[next(p for p in range(4) if layout.nxd_of_portable(p) == r)] for r in range(4)
-        ]
-        outs = run_replicated(proto, nxd_args)
-        for p in range(4):
-            if layout.nxd_of_portable(p) in prog["ranks"]:
-                per_rank[p] = outs[layout.nxd_of_portable(p)]
+
+
+def _unshard(program, outs: list[list[torch.Tensor]], k: int, name: str) -> torch.Tensor:
+    meta = program.metadata["spmd"]
+    mesh = Mesh(meta["mesh"])
+    sharding = Sharding.from_json(meta["outputs"][name])
+    return unshard([outs[r][k] for r in range(mesh.size)], sharding, mesh)
+
+
+def test_rank_coordinates_are_computed_from_the_rank_id():
+    layout = RankLayout.of(Mesh({"pp": 2, "dp": 3, "tp": 2}))
+    formulas = {a: layout.coordinate_formula(a) for a in ("pp", "dp", "tp")}
+    assert formulas == {"pp": "rank_id / 6", "dp": "rank_id / 2 % 3", "tp": "rank_id % 2"}
+    mesh = layout.mesh
+    for rank in range(mesh.size):
+        coords = coords_of(mesh, rank)  # declared in NxD order: portable rank == NxD rank
+        assert {a: layout.coordinate_of(rank, a) for a in mesh.names} == coords
+
+
+def test_local_shard_program_is_one_hlo_with_a_rank_input(tmp_path):
+    program, inputs, expected = tp_mlp_program()
+    manifest, prog, text = _lower(program, tmp_path)
+    spmd = manifest["spmd"]
+    assert spmd["world_size"] == 4 and spmd["program_of_rank"] == ["tp_mlp"] * 4
+    assert spmd["distinct_programs"] == "one HLO for every rank"
+    assert [r["core"] for r in spmd["ranks"]] == [0, 1, 2, 3]
+    assert [d.name for d in (tmp_path / "programs").iterdir()] == ["tp_mlp"]
+    assert prog["ranks"] == [0, 1, 2, 3]
+    rank_input = prog["rank_input"]
+    assert rank_input["parameter"] == 3 and rank_input["name"] == "rank_id"
+    assert rank_input["dtype"] == "int32" and rank_input["coordinates"] == {"tp": "rank_id % 2"}
+    last = prog["io_spec"]["inputs"][-1]
+    assert (last["index"], last["name"], last["role"]) == (3, "rank_id", "rank")
+    assert (last["shape"], last["dtype"], last["hlo_type"]) == ([], "int32", "s32[]")
+    assert last["donated_to"] is None and prog["parameters"] == 4
+    by_axis = {c["axis"]: c["replica_groups"] for c in prog["replica_groups"]}
+    assert by_axis == {"tp": [[0, 1], [2, 3]], "dp": [[0, 2], [1, 3]]}
+    assert _groups(text, "all-reduce")[0] == "{{0,1},{2,3}}"
+    # the tp coordinate in the graph: rank_id % 2, then a dynamic-slice of the chunk
+    assert re.search(r"%rank_id\S* = s32\[\] parameter\(3\)", text)
+    assert re.search(r"s32\[\] remainder\(%rank_id", text) and " dynamic-slice(" in text
+    assert "replica-id" not in text and "partition-id" not in text
+    # run THAT HLO on all 4 replicas, each with its own rank id
+    names = [s.name for s in program.signature.inputs]
+    args = _rank_args(program, dict(zip(names, inputs, strict=True)), names)
+    outs = run_replicated((tmp_path / prog["files"]["hlo"]).read_bytes(), args)
     for k in (0, 2, 3, 4):
-        sharding = Sharding.from_json(meta["outputs"][str(k)])
-        got = unshard([per_rank[p][k] for p in range(4)], sharding, mesh)
+        got = _unshard(program, outs, k, str(k))
         torch.testing.assert_close(got, expected[k], rtol=1e-5, atol=1e-5)
+
+
+class _RankInputs(torch.nn.Module):
+    """One rank over dp x tp: a max reduce_scatter over dp (the MAJOR axis: rank_id / 2) and a
+    local_shard over tp (the minor one: rank_id % 2)."""
+
+    def forward(self, x):  # x: [4, 6] replicated
+        top = ops.wait(ops.reduce_scatter(x * x, "max", 0, "dp", 2))  # [2, 6]
+        return ops.wait(ops.local_shard(top, 1, "tp", 2)), ops.wait(
+            ops.all_reduce(x, "sum", "dp", 2)
+        )
+
+
+def _rank_inputs_program() -> portable.Program:
+    program = portable.capture(_RankInputs(), (torch.zeros(4, 6),), name="rank_inputs")
+    replicated = Sharding(((), ())).to_json()
+    program.plan = Plan(Mesh({"dp": 2, "tp": 2}))
+    program.metadata["spmd"] = {
+        "mesh": {"dp": 2, "tp": 2},
+        "inputs": {"x": replicated},
+        "outputs": {"0": Sharding((("dp",), ("tp",))).to_json(), "1": replicated},
+        "global_shapes": {"inputs": {"x": [4, 6]}, "outputs": {}},
+        "collectives": [],
+    }
+    return program
+
+
+def test_max_reduce_scatter_and_local_shard_take_their_coordinates_from_the_rank(tmp_path):
+    program = _rank_inputs_program()
+    _, prog, text = _lower(program, tmp_path)
+    assert prog["rank_input"]["coordinates"] == {"dp": "rank_id / 2", "tp": "rank_id % 2"}
+    assert "reduce-scatter" not in text and text.count(" dynamic-slice(") == 2
+    x = torch.randn(4, 6)
+    outs = run_replicated(
+        (tmp_path / prog["files"]["hlo"]).read_bytes(), _rank_args(program, {"x": x}, ["x"])
+    )
+    # every rank sees the same x: max over dp of x*x is x*x, sum over dp is 2x
+    torch.testing.assert_close(_unshard(program, outs, 0, "0"), x * x)
+    torch.testing.assert_close(_unshard(program, outs, 1, "1"), 2 * x)
+
+
+def test_validator_accepts_the_rank_input_and_refuses_replica_id(tmp_path):
+    program, _, _ = tp_mlp_program()
+    payload = portable.lower(program, "neuron").payload  # NeuronLowered
+    (record,) = payload.programs
+    assert record.rank_parameter == 3
+    layout = RankLayout.of(Mesh({"dp": 2, "tp": 2}))
+
+    def check(text: str, rank_parameter: int | None = 3):
+        found = validate(
+            parse_hlo_text(text),
+            payload.target,
+            program=record.program,
+            ranks=layout,
+            rank_parameter=rank_parameter,
+        )
+        return [f for f in found if f.severity.name == "ERROR"]
+
+    assert check(record.hlo_text) == []
+    (missing,) = check(record.hlo_text, rank_parameter=None)
+    assert missing.code == "parameters" and "4 parameters for 3 signature inputs" in missing.what
+    # the rank read with replica-id instead of the parameter: refused, the fix names the input
+    with_replica_id = re.sub(
+        r"(%rank_id\S*) = s32\[\] parameter\(3\)", r"\1 = u32[] replica-id()", record.hlo_text
+    )
+    errors = check(with_replica_id, rank_parameter=None)
+    (refused,) = [f for f in errors if f.code == "replica-id"]
+    assert "pass the rank id as an int32 input" in refused.render()
+    wrong_type = re.sub(
+        r"(%rank_id\S*) = s32\[\] parameter\(3\)", r"\1 = s64[] parameter(3)", record.hlo_text
+    )
+    assert [f.code for f in check(wrong_type)] == ["rank-parameter-type"]
 
 
 def test_validator_checks_replica_groups(tmp_path):
@@ -131,11 +235,20 @@ def test_validator_checks_replica_groups(tmp_path):
     payload = portable.lower(program, "neuron").payload  # NeuronLowered
     record = payload.programs[0]
     layout = RankLayout.of(Mesh({"dp": 2, "tp": 2}))
+
+    def check(text: str):
+        return validate(
+            parse_hlo_text(text),
+            payload.target,
+            program=record.program,
+            ranks=layout,
+            rank_parameter=record.rank_parameter,
+        )
+
     bad = record.hlo_text.replace(
         "replica_groups={{0,1},{2,3}}", "replica_groups={{0,1},{1,3,4}}", 1
     )
-    findings = validate(parse_hlo_text(bad), payload.target, program=record.program, ranks=layout)
-    codes = [f for f in findings if f.code.startswith("replica-groups")]
+    codes = [f for f in check(bad) if f.code.startswith("replica-groups")]
     text = "\n".join(f.render() for f in codes)
     assert "outside the world of 4" in text and "missing [2]" in text and "repeated [1]" in text
     assert "differ in size" in text
@@ -143,17 +256,53 @@ def test_validator_checks_replica_groups(tmp_path):
     wrong_size = record.hlo_text.replace(
         "replica_groups={{0,1},{2,3}}", "replica_groups={{0,1,2,3}}", 1
     )
-    findings = validate(
-        parse_hlo_text(wrong_size), payload.target, program=record.program, ranks=layout
+    assert any("over mesh axis 'tp' (size 2) has groups of 4" in f.what for f in check(wrong_size))
+
+
+def _run_gpt_step(per_rank, prog: dict, flat: list, tmp_path) -> list[list[torch.Tensor]]:
+    """Run the written HLO on 4 replicas: every rank gets its shard of the global state and
+    batch (and its rank id if the program takes one)."""
+    values = {s.name: v for s, v in zip(per_rank.signature.inputs, flat, strict=True)}
+    used = [i["name"] for i in prog["io_spec"]["inputs"] if i["role"] != "rank"]
+    args = _rank_args(per_rank, values, used)
+    if prog["rank_input"] is None:
+        args = [a[:-1] for a in args]
+    return run_replicated((tmp_path / prog["files"]["hlo"]).read_bytes(), args)
+
+
+def _assert_step_matches(program, per_rank, flat, outs) -> None:
+    want_losses, want_outputs = reference(program, flat, steps=1)
+    for k, out in enumerate(per_rank.signature.outputs):
+        got = _unshard(per_rank, outs, k, out.name)
+        torch.testing.assert_close(got, want_outputs[out.name], rtol=1e-5, atol=1e-5, msg=out.name)
+    torch.testing.assert_close(
+        _unshard(per_rank, outs, 0, per_rank.signature.outputs[0].name),
+        want_losses[0],
+        rtol=1e-5,
+        atol=1e-5,
     )
-    assert any("over mesh axis 'tp' (size 2) has groups of 4" in f.what for f in findings)
+
+
+def test_gpt_full_dp_tp_plan_is_one_hlo_with_a_rank_input(tmp_path, example_spec):
+    from portable.passes.spmd_partition import partition
+
+    # GPT's fused qkv, column-parallel under the full plan, is sliced per rank with local_shard
+    program, flat = training_program(example_spec("gpt"))
+    per_rank, _ = partition(program.replace(plan=plan_for("gpt", "dp_tp")))
+    assert any(str(n.target) == "portable.local_shard.default" for n in per_rank.graph.nodes)
+    manifest, prog, text = _lower(per_rank, tmp_path)
+    assert manifest["spmd"]["program_of_rank"] == ["GPT.train_step"] * 4
+    assert prog["rank_input"]["coordinates"] == {"tp": "rank_id % 2"}
+    assert prog["io_spec"]["inputs"][-1]["role"] == "rank"
+    assert "replica-id" not in text and "partition-id" not in text
+    outs = _run_gpt_step(per_rank, prog, flat, tmp_path)
+    _assert_step_matches(program, per_rank, flat, outs)
 
 
 def test_gpt_dp_tp_per_rank_hlo_reproduces_the_single_device_step(tmp_path, example_spec):
     from portable.passes.spmd_partition import partition
 
-    # GPT's fused qkv needs local_shard under head parallelism (one HLO per tp coordinate, see
-    # below); with its MLPs column/row parallel every rank runs the same HLO
+    # with only its MLPs column/row parallel, GPT needs no coordinate: no rank input
     program, flat = training_program(example_spec("gpt"))
     plan = Plan(
         Mesh({"dp": 2, "tp": 2}),
@@ -164,28 +313,12 @@ def test_gpt_dp_tp_per_rank_hlo_reproduces_the_single_device_step(tmp_path, exam
         batch_axes=("dp",),
     )
     per_rank, _ = partition(program.replace(plan=plan))
-    portable.lower(per_rank, "neuron", tmp_path)
-    manifest = json.loads((tmp_path / "manifest.json").read_text())
-    assert manifest["spmd"]["program_of_rank"] == ["GPT.train_step"] * 4  # no local_shard: one HLO
-    (prog,) = manifest["programs"]
-    text = (tmp_path / prog["files"]["hlo_text"]).read_text()
+    manifest, prog, text = _lower(per_rank, tmp_path)
+    assert manifest["spmd"]["program_of_rank"] == ["GPT.train_step"] * 4
+    assert prog["rank_input"] is None
+    assert all(i["role"] != "rank" for i in prog["io_spec"]["inputs"])
     groups = set(_groups(text, "all-reduce")) | set(_groups(text, "all-gather"))
     assert groups and groups <= {"{{0,1},{2,3}}", "{{0,2},{1,3}}"}
     assert {c["axis"] for c in prog["replica_groups"]} == {"dp", "tp"}
-    # run THAT HLO on 4 replicas: every rank gets its shard of the global state and batch
-    meta, mesh = per_rank.metadata["spmd"], Mesh(per_rank.metadata["spmd"]["mesh"])
-    values = {s.name: v for s, v in zip(per_rank.signature.inputs, flat, strict=True)}
-    used = [inp["name"] for inp in prog["io_spec"]["inputs"]]
-    args = [
-        [shard(values[n], Sharding.from_json(meta["inputs"][n]), mesh, r) for n in used]
-        for r in range(4)  # dp x tp declared in NxD order: portable rank r is NxD rank r
-    ]
-    outs = run_replicated((tmp_path / prog["files"]["hlo"]).read_bytes(), args)
-    want_losses, want_outputs = reference(program, flat, steps=1)
-    sig = per_rank.signature
-    for k, out in enumerate(sig.outputs):
-        got = unshard(
-            [outs[r][k] for r in range(4)], Sharding.from_json(meta["outputs"][out.name]), mesh
-        )
-        torch.testing.assert_close(got, want_outputs[out.name], rtol=1e-5, atol=1e-5, msg=out.name)
-    assert coords_of(mesh, 3) == {"dp": 1, "tp": 1}
+    outs = _run_gpt_step(per_rank, prog, flat, tmp_path)
+    _assert_step_matches(program, per_rank, flat, outs)

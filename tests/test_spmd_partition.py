@@ -5,6 +5,7 @@ test_xla_spmd.py)."""
 from __future__ import annotations
 
 import operator
+from pathlib import Path
 
 import pytest
 import torch
@@ -202,3 +203,61 @@ def test_tied_weights_answer_to_either_name(programs):
     tied = programs["gpt"].metadata["tied_weights"]
     kept = next(iter(tied.values()))
     assert _local(per_rank, kept)[0] * 2 == _local(programs["gpt"], kept)[0]
+
+
+def test_cli_lowers_a_two_by_two_plan_to_per_rank_neuron_hlo(tmp_path, capsys):
+    """`portable lower SPEC --train --plan plan.json -p spmd-partition -t neuron`."""
+    import json
+
+    from portable.cli import main
+
+    plan = tmp_path / "plan.json"
+    mlp = [
+        *par.column_parallel(r"blocks\.\d+\.mlp\.fc"),
+        *par.row_parallel(r"blocks\.\d+\.mlp\.proj"),
+    ]
+    plan.write_text(
+        json.dumps(Plan(Mesh({"dp": 2, "tp": 2}), rules=mlp, batch_axes=("dp",)).to_json())
+    )
+    out = tmp_path / "out"
+    spec = str(Path(__file__).resolve().parents[1] / "examples" / "gpt.py") + ":GPT"
+    code = main(
+        [
+            "lower",
+            spec,
+            "--train",
+            "--plan",
+            str(plan),
+            "-p",
+            "spmd-partition",
+            "-t",
+            "neuron",
+            "--out",
+            str(out),
+            "-q",
+        ]
+    )
+    assert code == 0, capsys.readouterr().err
+    found = list(out.rglob("manifest.json"))
+    spmd = [json.loads(p.read_text()).get("spmd") for p in found]
+    assert any(s and s["world_size"] == 4 for s in spmd), found
+    loaded = portable.load(out / "program.portable")
+    assert loaded.plan.mesh.size == 4 and "spmd" in loaded.metadata
+
+
+def test_cli_refuses_a_plan_that_does_not_fit_before_capture(tmp_path, capsys):
+    from portable.cli import main
+
+    code = main(
+        [
+            "lower",
+            "examples/gpt.py:GPT",
+            "--plan",
+            str(tmp_path / "missing.json"),
+            "-t",
+            "cpu",
+            "--out",
+            str(tmp_path / "o"),
+        ]
+    )
+    assert code == 3 and "no such plan file" in capsys.readouterr().err

@@ -37,10 +37,12 @@ class NeuronProgram:
     io_spec: dict[str, Any]
     memory: MemoryEstimate
     findings: tuple[Finding, ...]  # warnings only (errors raise during lowering)
-    # per-rank programs: the NxD ranks that run this HLO, the coordinates it is specialised
-    # to (local_shard), and every collective's replica groups in program order
+    # per-rank programs: the NxD ranks that run this HLO (all of them), the parameter number of
+    # the int32 rank input and the axes whose coordinate is computed from it (local_shard), and
+    # every collective's replica groups in program order
     ranks: tuple[int, ...] | None = None
-    fixed_coords: dict[str, int] | None = None
+    rank_parameter: int | None = None
+    rank_axes: tuple[str, ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
 
     @property

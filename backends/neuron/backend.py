@@ -3,9 +3,10 @@
 lower -> fp64 downcast (optional) -> JAX rules (platform "neuron") -> tuple-rooted HloModuleProto
       -> read back and parsed -> memory estimate -> offline validator (errors raise) -> io spec,
       neuronx-cc argv
-A per-rank program (metadata["spmd"], mesh.size > 1) gives one HLO per distinct rank program whose
-collectives list replica groups of global ranks in NxD order (collectives.py); ranks running
-identical HLO share one program directory.
+A per-rank program (metadata["spmd"], mesh.size > 1) gives ONE HLO that every rank runs: its
+collectives list replica groups of global ranks in NxD order, and a program that needs the rank's
+coordinate on an axis (local_shard) takes the NxD rank as a last int32 parameter, `rank_id`
+(collectives.py).
 compile(lowered, out_dir) -> the layout of layout.py and manifest.json
 executable -> BackendError: NeuronCores are not here; the artifacts are compiled and run on a
 Trn host (`scripts/compile.sh`, docs/backends/neuron.md).
@@ -62,25 +63,21 @@ class NeuronBackend(Backend):
             notes = _fp64_findings(lowered_program, changed)
         layout, records = None, []
         if _is_per_rank(program):
-            # one HLO per distinct rank program, collectives with replica groups of NxD ranks
-            from .collectives import RankLayout, ReplicaGroupCollectives, rank_axes, variants
+            # one HLO for every rank: replica groups of NxD ranks, the rank as an int32 input
+            # when a collective needs its coordinate
+            from .collectives import RankLayout, ReplicaGroupCollectives, rank_axes
 
             layout = RankLayout.of(_mesh(program))
-            axes = rank_axes(lowered_program.graph)
-            for fixed, ranks in variants(layout, axes):
-                suffix = "".join(f".{a}{i}" for a, i in fixed.items())
-                records.append(
-                    self._lower_one(
-                        program,
-                        lowered_program,
-                        ntarget,
-                        notes,
-                        ReplicaGroupCollectives(layout, fixed),
-                        suffix,
-                        ranks,
-                        fixed,
-                    )
+            records.append(
+                self._lower_one(
+                    program,
+                    lowered_program,
+                    ntarget,
+                    notes,
+                    ReplicaGroupCollectives(layout),
+                    rank_axes(lowered_program.graph),
                 )
+            )
         else:
             records.append(self._lower_one(program, lowered_program, ntarget, notes))
         first = records[0]
@@ -95,9 +92,7 @@ class NeuronBackend(Backend):
         ntarget,
         notes,
         collectives=None,
-        suffix="",
-        ranks=None,
-        fixed=None,
+        axes=(),
     ):
         """One HLO program: lowered, read back, estimated, validated (errors raise)."""
         from .artifact import NeuronProgram, program_key
@@ -108,7 +103,7 @@ class NeuronBackend(Backend):
         from .memory import estimate_memory
         from .validate import check_findings, validate
 
-        hlo = lower_to_hlo(lowered_program, self.platform, collectives)
+        hlo = lower_to_hlo(lowered_program, self.platform, collectives, rank_input=bool(axes))
         text = proto_to_text(hlo.proto)  # read back from the bytes that are written
         module = parse_hlo_text(text)
         kept = hlo.kept
@@ -122,22 +117,24 @@ class NeuronBackend(Backend):
             kept=kept,
             memory=memory,
             ranks=layout,
+            rank_parameter=hlo.rank_parameter,
         )
         findings = merge(notes + checked)
         check_findings(findings, program=program.name, target=f"neuron:{ntarget.name}")
         return NeuronProgram(
-            key=program_key(program) + suffix,
+            key=program_key(program),
             program=lowered_program,
             hlo=hlo.proto,
             hlo_text=text,
             stablehlo=hlo.stablehlo,
             module=module,
             argv=tuple(neuronx_cc_argv(ntarget, self.options, program.kind)),
-            io_spec=io_spec(lowered_program, module, kept),
+            io_spec=io_spec(lowered_program, module, kept, hlo.rank_parameter),
             memory=memory,
             findings=tuple(findings),
-            ranks=tuple(ranks) if ranks is not None else None,
-            fixed_coords=dict(fixed) if fixed is not None else None,
+            ranks=tuple(range(layout.world_size)) if layout is not None else None,
+            rank_parameter=hlo.rank_parameter,
+            rank_axes=tuple(axes) if hlo.rank_parameter is not None else (),
             collectives=tuple(collectives.emitted) if collectives is not None else (),
         )
 

@@ -16,9 +16,12 @@ rank when the mesh is declared in another order; `RankLayout` keeps both.
 
 Each collective lowers to the stablehlo op with `replica_groups` and no channel handle: a
 cross-replica collective over replica ids = global ranks (one replica per rank, num_replicas =
-world size), the form torch-xla hands neuronx-cc. `local_shard` needs the rank's coordinate on its
-axis; the compiler supports neither `replica-id` nor `partition-id`, so that coordinate is a
-constant and ranks that differ in it run different programs (`variants`).
+world size), the form torch-xla hands neuronx-cc. Every rank runs the same HLO. `local_shard` (and
+reduce_scatter with max/min) needs the rank's coordinate on its axis; the compiler supports
+neither `replica-id` nor `partition-id`, so such a program takes the NxD rank as one more HLO
+parameter, an int32 scalar (`rank_id`, the last parameter), and computes the coordinate in the
+graph: coordinate(axis) = (rank_id / stride(axis)) % size(axis), stride = the product of the sizes
+of the axes after it in NxD order; the chunk is a `dynamic-slice` at coordinate * chunk size.
 """
 
 from __future__ import annotations
@@ -26,7 +29,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Iterator
 from typing import Any
 
 import torch.fx
@@ -41,11 +43,12 @@ __all__ = [
     "ROLES",
     "RankLayout",
     "ReplicaGroupCollectives",
+    "RANK_INPUT",
     "rank_axes",
-    "variants",
 ]
 
 ROLES = ("PP", "DP", "CP", "TP")  # NxD grid order, major to minor
+RANK_INPUT = "rank_id"  # the int32 HLO parameter holding the NxD rank (replica id) of the core
 _ROLE_OF = {
     "pp": "PP",
     "dp": "DP",
@@ -90,6 +93,27 @@ class RankLayout:
         for axis in self.order:
             rank = rank * self.mesh.axis_size(axis) + coords[axis]
         return rank
+
+    def stride(self, axis: str) -> int:
+        """NxD rank distance between neighbours on `axis` (product of the later axes' sizes)."""
+        later = self.order[self.order.index(axis) + 1 :]
+        return math.prod(self.mesh.axis_size(a) for a in later)
+
+    def coordinate_of(self, rank: int, axis: str) -> int:
+        """The coordinate on `axis` of NxD rank `rank`, as the HLO computes it from rank_id."""
+        return rank // self.stride(axis) % self.mesh.axis_size(axis)
+
+    def coordinate_steps(self, axis: str) -> tuple[int | None, int | None]:
+        """(divisor, modulus) that turn the NxD rank into the coordinate on `axis`; None where
+        the step is the identity (the minor axis needs no division, the major one no modulus)."""
+        size, stride = self.mesh.axis_size(axis), self.stride(axis)
+        return (stride if stride > 1 else None), (size if stride * size < self.world_size else None)
+
+    def coordinate_formula(self, axis: str) -> str:
+        divisor, modulus = self.coordinate_steps(axis)
+        return (
+            RANK_INPUT + (f" / {divisor}" if divisor else "") + (f" % {modulus}" if modulus else "")
+        )
 
     def nxd_of_portable(self, rank: int) -> int:
         return self.nxd_rank(coords_of(self.mesh, rank))
@@ -143,12 +167,13 @@ class RankLayout:
         }
 
 
-# --------------------------------------------------------------------------- program variants
+# --------------------------------------------------------------------------- rank input
 
 
 def rank_axes(program_graph: torch.fx.Graph) -> tuple[str, ...]:
-    """Mesh axes whose coordinate the program needs as a constant (local_shard, and
-    reduce_scatter with max/min, which slice this rank's chunk), in first-use order."""
+    """Mesh axes whose coordinate the program computes from the rank input (local_shard, and
+    reduce_scatter with max/min, which slice this rank's chunk), in first-use order. Empty: the
+    program takes no rank input."""
     axes: dict[str, None] = {}
     for node in program_graph.nodes:
         if node.op != "call_function":
@@ -159,21 +184,6 @@ def rank_axes(program_graph: torch.fx.Graph) -> tuple[str, ...]:
         elif name == "portable.reduce_scatter.default" and node.args[1] in ("max", "min"):
             axes.setdefault(node.args[3], None)
     return tuple(axes)
-
-
-def variants(
-    layout: RankLayout, axes: tuple[str, ...]
-) -> Iterator[tuple[dict[str, int], list[int]]]:
-    """(coordinates on `axes`, the NxD ranks sharing them) per distinct per-rank program."""
-    mesh = layout.mesh
-    for values in itertools.product(*(range(mesh.axis_size(a)) for a in axes)):
-        fixed = dict(zip(axes, values, strict=True))
-        ranks = sorted(
-            layout.nxd_of_portable(r)
-            for r in range(mesh.size)
-            if all(coords_of(mesh, r)[a] == v for a, v in fixed.items())
-        )
-        yield fixed, ranks
 
 
 # --------------------------------------------------------------------------- JAX primitive
@@ -245,13 +255,18 @@ _PRIM = None
 
 
 class ReplicaGroupCollectives:
-    """Lowers the portable collectives of one per-rank program variant (see the module
-    docstring); `fixed` holds this variant's coordinates on the axes in `rank_axes`."""
+    """Lowers the portable collectives of a per-rank program (see the module docstring).
 
-    def __init__(self, layout: RankLayout, fixed: dict[str, int] | None = None) -> None:
+    `rank`: the traced int32 rank input (`with_rank`), needed by local_shard only."""
+
+    def __init__(self, layout: RankLayout, rank: Any = None, emitted: list | None = None) -> None:
         self.layout = layout
-        self.fixed = dict(fixed or {})
-        self.emitted: list[dict[str, Any]] = []  # per collective: op, axis, replica groups
+        self.rank = rank
+        self.emitted: list[dict[str, Any]] = [] if emitted is None else emitted  # per collective
+
+    def with_rank(self, rank: Any) -> ReplicaGroupCollectives:
+        """The same collectives (recording into the same list) with the traced rank input."""
+        return ReplicaGroupCollectives(self.layout, rank, self.emitted)
 
     def _bind(self, x, kind: str, axis: str, group_size: int, reducer="sum", dim=0, concat=0):
         size = self.layout.mesh.axis_size(axis)
@@ -289,12 +304,21 @@ class ReplicaGroupCollectives:
         return self._bind(x, "all_to_all", axis, group_size, dim=split_dim, concat=concat_dim)
 
     def local_shard(self, x, dim, axis, group_size):
+        # chunk i of x along dim, i = (rank_id / stride(axis)) % size(axis); int32 throughout
         import jax
+        import numpy as np
 
+        if self.rank is None:
+            raise PlanError(
+                f"local_shard over {axis!r} needs the rank input, the lowering has none",
+                fix="a bug in portable's neuron lowering (rank_axes missed the op): report it",
+            )
+        i32 = np.int32
+        divisor, modulus = self.layout.coordinate_steps(axis)
+        coord = self.rank if divisor is None else jax.lax.div(self.rank, i32(divisor))
+        coord = coord if modulus is None else jax.lax.rem(coord, i32(modulus))
         size = x.shape[dim] // group_size
-        return jax.lax.slice_in_dim(
-            x, self.fixed[axis] * size, (self.fixed[axis] + 1) * size, axis=dim
-        )
+        return jax.lax.dynamic_slice_in_dim(x, jax.lax.mul(coord, i32(size)), size, axis=dim)
 
     def wait(self, x):
         return x

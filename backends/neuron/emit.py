@@ -11,6 +11,10 @@ is installed. What remains is deterministic: each instruction's metadata op_name
 jax.jit drops inputs the program never reads (batch-norm counters in eval mode, for instance)
 unless it is told to keep them; `HloArtifacts.kept` records which signature inputs are HLO
 parameters, and the io spec lists the others as unused.
+
+A per-rank program whose collectives need the rank's coordinate (`rank_input=True`, see
+collectives.py) is traced with one more argument after the signature's inputs: the NxD rank, an
+int32 scalar. It is the last HLO parameter (`HloArtifacts.rank_parameter`), never aliased.
 """
 
 from __future__ import annotations
@@ -28,23 +32,32 @@ class HloArtifacts:
     proto: bytes  # serialized HloModuleProto: the compiler input (graph.hlo)
     stablehlo: str  # StableHLO with named locations (graph.stablehlo.mlir, secondary)
     kept: tuple[int, ...]  # signature input index of each HLO parameter, in parameter order
+    rank_parameter: int | None = None  # parameter number of the int32 rank input, if any
 
 
 def lower_to_hlo(
-    program: Program, platform: str = "neuron", collectives: Any = None
+    program: Program, platform: str = "neuron", collectives: Any = None, rank_input: bool = False
 ) -> HloArtifacts:
     """Lower `program` for `platform` and convert it to a tuple-rooted HloModuleProto.
 
-    `collectives`: how a per-rank program's collectives lower (collectives.py)."""
+    `collectives`: how a per-rank program's collectives lower (collectives.py); `rank_input`:
+    trace with the int32 rank as the last argument, bound with `collectives.with_rank`."""
     from jax._src import config as jax_config
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client
 
     from ..xla.lowering import lower
 
+    count = len(program.signature.inputs)
     with jax_config.traceback_in_locations_limit(0):
-        lowered = lower(program, platform, donate=True, collectives=collectives)
-        kept = _kept_inputs(lowered, len(program.signature.inputs))
+        if rank_input:
+            lowered = _lower_with_rank(program, platform, collectives)
+            numbers = _kept_inputs(lowered, count + 1)
+        else:
+            lowered = lower(program, platform, donate=True, collectives=collectives)
+            numbers = _kept_inputs(lowered, count)
+        kept = tuple(k for k in numbers if k < count)
+        rank_parameter = len(kept) if count in numbers else None  # dropped if never read
         module = lowered.compiler_ir("stablehlo")
         _alias_as_signed(module, program, kept)
         bytecode = mlir.module_to_bytecode(module)
@@ -53,7 +66,28 @@ def lower_to_hlo(
         bytecode, use_tuple_args=False, return_tuple=True
     )
     proto = _drop_field(computation.as_serialized_hlo_module_proto(), _MODULE_ID)
-    return HloArtifacts(proto, stablehlo, kept)
+    return HloArtifacts(proto, stablehlo, kept, rank_parameter)
+
+
+def _lower_with_rank(program: Program, platform: str, collectives: Any):
+    """`backends.xla.lowering.lower` with one more argument, the int32 rank, last."""
+    import jax
+    import numpy as np
+
+    from ..xla.lowering import abstract_inputs, donated, jax_function, lower
+
+    if program.metadata.get("symbolic_dims"):
+        return lower(program, platform, collectives=collectives)  # raises its LoweringError
+
+    def fn(*flat, rank_id):
+        # the rank is bound per trace: the collectives compute coordinates from this tracer (a
+        # keyword argument: flattened after the inputs, and named `rank_id` in the HLO metadata)
+        return jax_function(program, platform, collectives.with_rank(rank_id))(*flat)
+
+    rank = jax.ShapeDtypeStruct((), np.int32)
+    with jax.enable_x64(True):
+        jitted = jax.jit(fn, donate_argnums=donated(program))
+        return jitted.lower(*abstract_inputs(program), rank_id=rank)
 
 
 def _alias_as_signed(module, program: Program, kept: tuple[int, ...]) -> None:

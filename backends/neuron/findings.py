@@ -21,6 +21,7 @@ from portable.errors import BackendError
 from portable.ir.program import Program
 from portable.ir.source import source_of
 
+from .collectives import RANK_INPUT
 from .hlo import HloModule, Instruction
 
 __all__ = ["Finding", "Locator", "NeuronValidationError", "Severity", "merge"]
@@ -119,8 +120,13 @@ class Locator:
 
     @staticmethod
     def of(
-        module: HloModule, program: Program | None = None, kept: Sequence[int] | None = None
+        module: HloModule,
+        program: Program | None = None,
+        kept: Sequence[int] | None = None,
+        rank_input: bool = False,
     ) -> Locator:
+        """`kept`: the signature inputs that are HLO parameters; `rank_input`: the int32 rank
+        input follows them."""
         callers: dict[str, Instruction] = {}
         users: dict[tuple[str, str], Instruction] = {}
         names = {c.name for c in module.computations}
@@ -141,6 +147,8 @@ class Locator:
         inputs = program.signature.inputs
         kept = range(len(inputs)) if kept is None else kept
         parameters = tuple((inputs[k].name, inputs[k].target) for k in kept)
+        if rank_input:
+            parameters += ((RANK_INPUT, None),)
         return Locator(nodes, parameters, callers, users, module.entry.name, prefix)
 
     def place(self, ins: Instruction) -> dict[str, str | None]:

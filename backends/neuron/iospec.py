@@ -6,6 +6,8 @@ elements in order. Each entry has its name, role (the signature kind), weight ke
 dtype; aliasing comes from the HLO's `input_output_alias` (what the compiler will honour):
 `donated_to` on an input, `alias` on an output, each by index and name. Signature inputs the
 program never reads are not parameters: they are listed in `unused_inputs` and not passed.
+A per-rank program that needs its rank's coordinate has one more, last input: `rank_id`, role
+"rank", an int32 scalar the runtime sets to the NxD rank of the core (collectives.py).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Any
 
 from portable.ir.program import Program
 
+from .collectives import RANK_INPUT
 from .hlo import HloModule
 
 __all__ = ["FORMAT_VERSION", "io_spec"]
@@ -22,9 +25,15 @@ __all__ = ["FORMAT_VERSION", "io_spec"]
 FORMAT_VERSION = 1
 
 
-def io_spec(program: Program, module: HloModule, kept: Sequence[int] | None = None) -> dict:
+def io_spec(
+    program: Program,
+    module: HloModule,
+    kept: Sequence[int] | None = None,
+    rank_parameter: int | None = None,
+) -> dict:
     """The io spec of `program` lowered to `module`; `kept` lists the signature inputs that are
-    HLO parameters, in parameter order (default: all). The others are `unused_inputs`."""
+    HLO parameters, in parameter order (default: all). The others are `unused_inputs`.
+    `rank_parameter`: the parameter number of the int32 rank input, if the HLO has one."""
     sig = program.signature
     kept = list(range(len(sig.inputs)) if kept is None else kept)
     params = module.parameters()
@@ -43,6 +52,19 @@ def io_spec(program: Program, module: HloModule, kept: Sequence[int] | None = No
         entry["donated_to"] = (
             {"index": out, "name": sig.outputs[out].name} if out is not None else None
         )
+        inputs.append(entry)
+    if rank_parameter is not None:
+        entry = {
+            "index": rank_parameter,
+            "name": RANK_INPUT,
+            "role": "rank",
+            "target": None,
+            "shape": [],
+            "dtype": "int32",
+            "hlo_type": str(params[rank_parameter].leaves[0]),
+            "donated_to": None,
+            "value": "the NxD rank of the core running the program (its replica id)",
+        }
         inputs.append(entry)
     outputs = []
     for index, spec in enumerate(sig.outputs):

@@ -15,6 +15,7 @@ from typing import Any
 from portable.ir.program import Program
 
 from .artifact import NeuronLowered, NeuronProgram
+from .collectives import RANK_INPUT
 from .command import HLO_FILE, LOG_FILE, NEFF_FILE, neuron_cc_flags
 from .hlo import HloModule
 from .runtime_env import runtime_env
@@ -91,7 +92,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
             "success": "exit 0 and 'Compiler status PASS' in the log",
             "cache_key": "sha256(model/graph.hlo bytes + command.txt bytes), per compiler version",
         },
-        "programs": [_program(p) for p in lowered.programs],
+        "programs": [_program(p, lowered.ranks) for p in lowered.programs],
         "collectives": _merged_collectives(lowered),
         **({"spmd": _spmd(lowered)} if lowered.ranks is not None else {}),
         **({"mx": mx} if mx else {}),
@@ -124,7 +125,7 @@ def _summary(counts: collections.Counter[str]) -> dict[str, Any]:
     return {"total": total, "by_kind": by_kind, "summary": text}
 
 
-def _program(prog: NeuronProgram) -> dict[str, Any]:
+def _program(prog: NeuronProgram, layout: Any = None) -> dict[str, Any]:
     base = f"programs/{prog.key}"
     return {
         "key": prog.key,
@@ -150,7 +151,7 @@ def _program(prog: NeuronProgram) -> dict[str, Any]:
         **(
             {
                 "ranks": list(prog.ranks),
-                "specialised_to": prog.fixed_coords,
+                "rank_input": _rank_input(prog, layout),
                 "replica_groups": [dict(c) for c in prog.collectives],
             }
             if prog.ranks is not None
@@ -168,19 +169,31 @@ def _spmd(lowered: NeuronLowered) -> dict[str, Any]:
         **layout.to_json(lowered.target),
         "program_of_rank": [by_rank[r] for r in range(layout.world_size)],
         "programs": len(lowered.programs),
-        "distinct_programs": (
-            "one HLO for every rank"
-            if len(lowered.programs) == 1
-            else "one HLO per coordinate on the axes local_shard slices by ("
-            + ", ".join(sorted({a for p in lowered.programs for a in (p.fixed_coords or {})}))
-            + "): neuronx-cc has no replica-id, so the coordinate is a constant"
-        ),
+        "distinct_programs": "one HLO for every rank",
+        "rank_input": f"programs whose collectives need the rank's coordinate on a mesh axis "
+        f"(local_shard) take the NxD rank as their last parameter `{RANK_INPUT}` (int32 scalar, "
+        "= the replica id of the executing core; neuronx-cc has no replica-id/partition-id) and "
+        "compute coordinate = rank_id / stride % size in the graph; others take no rank input",
         "collectives": "cross-replica (no channel_id): replica_groups list global ranks, one "
         "replica per rank, num_replicas = world_size",
         "memory_per_core": {
             p.key: {"total_bytes": p.memory.total_bytes, "budget_bytes": p.memory.budget_bytes}
             for p in lowered.programs
         },
+    }
+
+
+def _rank_input(prog: NeuronProgram, layout: Any) -> dict[str, Any] | None:
+    """How the runtime feeds `prog`'s rank input (None: the program takes none)."""
+    if prog.rank_parameter is None:
+        return None
+    return {
+        "parameter": prog.rank_parameter,
+        "name": RANK_INPUT,
+        "shape": [],
+        "dtype": "int32",
+        "value": "the NxD rank of the core that runs the program (its replica id)",
+        "coordinates": {a: layout.coordinate_formula(a) for a in prog.rank_axes},
     }
 
 

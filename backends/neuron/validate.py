@@ -105,6 +105,7 @@ class Context:
     memory: MemoryEstimate | None
     locator: Locator
     ranks: Any = None  # collectives.RankLayout of a per-rank program (world size, axis sizes)
+    rank_parameter: int | None = None  # parameter number of the int32 rank input, if any
 
     def finding(
         self, ins: Instruction | None, severity: Severity, code: str, what: str, fix: str, **kw
@@ -131,20 +132,30 @@ def validate(
     kept: Sequence[int] | None = None,
     memory: MemoryEstimate | None = None,
     ranks: Any = None,
+    rank_parameter: int | None = None,
 ) -> list[Finding]:
     """Every finding about `module` for `target` (errors first, same-node findings folded).
 
     With `program`, findings name its nodes and source lines, and the HLO's parameters are
     checked against its signature; `kept` lists the signature inputs that are HLO parameters
     (default: all). `memory` enables the HBM check; `ranks` (collectives.RankLayout) the replica
-    group checks of a per-rank program."""
+    group checks of a per-rank program; `rank_parameter` the number of its int32 rank input (the
+    last parameter, after the kept inputs; replica-id / partition-id stay errors)."""
     inputs: tuple[InputSpec, ...] = ()
     if program is not None:
         sig_inputs = program.signature.inputs
         inputs = tuple(sig_inputs[k] for k in (range(len(sig_inputs)) if kept is None else kept))
-    locator = Locator.of(module, program, kept)
+    locator = Locator.of(module, program, kept, rank_parameter is not None)
     ctx = Context(
-        module, target, options or NeuronOptions(), program, inputs, memory, locator, ranks
+        module,
+        target,
+        options or NeuronOptions(),
+        program,
+        inputs,
+        memory,
+        locator,
+        ranks,
+        rank_parameter,
     )
     return merge(f for check in CHECKS for f in check(ctx))
 
@@ -465,14 +476,21 @@ def interface(ctx: Context) -> Iterator[Finding]:
         return
     params = module.parameters()
     inputs = ctx.inputs
-    if len(params) != len(inputs):
+    rank = ctx.rank_parameter
+    want_count = len(inputs) + (rank is not None)
+    if len(params) != want_count or (rank is not None and rank != len(inputs)):
+        extra = " and the int32 rank input" if rank is not None else ""
         yield ctx.error(
             None,
             "parameters",
-            f"HLO has {len(params)} parameters for {len(inputs)} signature inputs",
-            "constants or state must not be folded or hoisted (a bug in portable: report it)",
+            f"HLO has {len(params)} parameters for {len(inputs)} signature inputs{extra}",
+            "constants or state must not be folded or hoisted, the rank input is the last "
+            "parameter (a bug in portable: report it)",
         )
         return
+    if rank is not None:
+        yield from _rank_parameter(ctx, params[rank])
+        params = params[:rank]
     for param, spec in zip(params, inputs, strict=True):
         want = _hlo_type(spec.spec)
         got = str(param.leaves[0]) if len(param.leaves) == 1 else param.type_text
@@ -508,6 +526,25 @@ def interface(ctx: Context) -> Iterator[Finding]:
                 "(a bug in portable's lowering: report it)",
                 **({} if out.aliases in number else {"node": spec.name, "module": spec.target}),
             )
+
+
+def _rank_parameter(ctx: Context, param: Instruction) -> Iterator[Finding]:
+    """The rank input: an int32 scalar, never donated (every step reads the same rank)."""
+    got = str(param.leaves[0]) if len(param.leaves) == 1 else param.type_text
+    if got != "s32[]":
+        yield ctx.error(
+            param,
+            "rank-parameter-type",
+            f"the rank input (HLO parameter {param.parameter_number}) is {got}, not s32[]",
+            "a bug in portable's lowering: report it",
+        )
+    if any(a.parameter == param.parameter_number for a in ctx.module.aliases):
+        yield ctx.error(
+            param,
+            "rank-parameter-aliased",
+            f"the rank input (HLO parameter {param.parameter_number}) is in input_output_alias",
+            "a bug in portable's lowering: report it",
+        )
 
 
 def hbm_budget(ctx: Context) -> Iterator[Finding]:

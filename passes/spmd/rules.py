@@ -49,9 +49,11 @@ class RuleContext:
         shapes: dict,
         dtypes: dict,
         sequence_parallel: str | None = None,
+        parameters: frozenset[torch.fx.Node] = frozenset(),
     ) -> None:
         self.mesh = mesh
         self.sequence_parallel = sequence_parallel
+        self._parameters = parameters
         self._sharding = sharding
         self._shapes = shapes
         self._dtypes = dtypes
@@ -67,6 +69,10 @@ class RuleContext:
 
     def numel(self, node: torch.fx.Node) -> int:
         return math.prod(self.shape(node))
+
+    def is_parameter(self, node: torch.fx.Node) -> bool:
+        """Whether `node` is a parameter or a view/cast of one (no activation flows into it)."""
+        return node in self._parameters
 
 
 RULES: dict[Any, Callable[[RuleContext, torch.fx.Node], Decision]] = {}
@@ -143,6 +149,8 @@ def _linear_partial(ctx: RuleContext, node: torch.fx.Node, partial_keys, ops) ->
         return False
     tensors = tensor_args(node)
     keys = [k for k, _ in tensors]
+    if any(len(a.users) > 1 for k, a in tensors if k in partial_keys):
+        return False  # reduce a shared partial value once, not once per linear consumer
     if node.target in _LINEAR_UNARY:
         return True
     if node.target is aten._to_copy.default:
@@ -349,19 +357,22 @@ def _matmul(ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int):
     a_part: dict[str, str] = {}
     b_part: dict[str, str] = {}
     o_part: dict[str, str] = {}
-    a_big = ctx.numel(a) >= ctx.numel(b)
+    # on a conflict, gather the parameter (FSDP: weights are gathered, activations never);
+    # between two parameters or two activations, the smaller one
+    a_param, b_param = ctx.is_parameter(a), ctx.is_parameter(b)
+    a_big = (b_param and not a_param) or (a_param == b_param and ctx.numel(a) >= ctx.numel(b))
     for axis in ctx.mesh.names:
         (ka, da), (kb, db) = _axis_state(sa, axis), _axis_state(sb, axis)
         # partial operands: linear in one of them
         if ka == "P" and kb == "P":
             ka = "R"  # reduce a
         if ka == "P":
-            if kb == "R" and sa.partial_op(axis) in ("sum", "avg"):
+            if kb == "R" and sa.partial_op(axis) in ("sum", "avg") and len(a.users) == 1:
                 a_part[axis] = o_part[axis] = sa.partial_op(axis)
                 continue
             ka = "R"
         if kb == "P":
-            if ka == "R" and sb.partial_op(axis) in ("sum", "avg"):
+            if ka == "R" and sb.partial_op(axis) in ("sum", "avg") and len(b.users) == 1:
                 b_part[axis] = o_part[axis] = sb.partial_op(axis)
                 continue
             kb = "R"

@@ -80,7 +80,7 @@ def capture(
     with quiet_internal_warnings():
         program = _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options)
     if plan is not None:
-        plan.validate({i.target or i.name: i.spec.shape for i in program.signature.inputs})
+        plan.validate(program.tensor_shapes())
         program.plan = plan
     _verify(program)
     return program

@@ -8,6 +8,9 @@ SPEC is one of:
 
 `Name` may be dotted (`Outer.model`). It must carry a `ModelSpec` (`@portable`). Every failure
 is a CaptureError (exit 3) naming what was looked for and what was found.
+
+A PLAN argument (`--plan`) is resolved the same way: `plan.json` (`Plan.to_json` form) or
+`file.py:attr` naming a `Plan` or a zero-argument function returning one (PlanError otherwise).
 """
 
 from __future__ import annotations
@@ -16,15 +19,17 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
+import json
 import sys
 import types
 from pathlib import Path
 
 from ..capture import ModelSpec, capture_spec, spec_of
-from ..errors import CaptureError, PortableError
+from ..errors import CaptureError, PlanError, PortableError
+from ..ir.plan import Plan
 from ..ir.program import Program
 
-__all__ = ["Source", "resolve"]
+__all__ = ["Source", "load_plan", "resolve", "with_plan"]
 
 _FORMS = "file.py:Name, pkg.module:Name, or an archive directory (holding program.json)"
 
@@ -166,3 +171,43 @@ def _decorated_hint(module: types.ModuleType) -> str:
 
 def _identifier(text: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in text)
+
+
+def load_plan(text: str) -> Plan:
+    """A Plan from `plan.json` (Plan.to_json form) or `file.py:attr` / `pkg.mod:attr`."""
+    path = Path(text)
+    if path.suffix == ".json" or path.is_file():
+        if not path.is_file():
+            raise PlanError(f"no such plan file: {path}", fix="PLAN is plan.json or file.py:attr")
+        try:
+            data = json.loads(path.read_text())
+        except json.JSONDecodeError as exc:
+            raise PlanError(
+                f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()"
+            ) from exc
+        try:
+            return Plan.from_json(data)
+        except (KeyError, TypeError, AttributeError) as exc:
+            raise PlanError(
+                f"{path} is not a plan: {type(exc).__name__}: {exc}",
+                fix='write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
+            ) from exc
+    where, sep, attr = text.rpartition(":")
+    if not sep or not where or not attr:
+        raise PlanError(f"cannot read PLAN {text!r}", fix="PLAN is plan.json or file.py:attr")
+    module = _import_file(Path(where)) if _is_path(where) else _import_module(where)
+    obj = _getattr_path(module, attr, where)
+    if callable(obj) and not isinstance(obj, Plan):
+        obj = obj()
+    if not isinstance(obj, Plan):
+        raise PlanError(
+            f"{text} is a {type(obj).__name__}, not a Plan",
+            fix="name a portable.Plan or a zero-argument function returning one",
+        )
+    return obj
+
+
+def with_plan(program: Program, plan: Plan) -> Program:
+    """`program` carrying `plan`, validated against its tensors (PlanError with the arithmetic)."""
+    plan.validate(program.tensor_shapes())
+    return program.replace(plan=plan)

@@ -23,7 +23,7 @@ from ..backends import Target, get_backend, registry
 from ..ir.program import Program
 from .compiling import COMPILED_BACKENDS, CompileOutcome, compile_targets, require_compiler
 from .exit_codes import EPILOG, ExitCode
-from .load_spec import Source, resolve
+from .load_spec import Source, load_plan, resolve, with_plan
 from .manifest import FORMAT, FORMAT_VERSION, file_records, toolchain, write_manifest
 from .output import check_destination, staging
 from .parity import ParityOutcome, run_parity
@@ -72,6 +72,13 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument("--out", "-o", required=True, type=Path, metavar="DIR", help="output directory")
     p.add_argument(
         "--train", action="store_true", help="capture the training step (default: inference)"
+    )
+    p.add_argument(
+        "--plan",
+        default=None,
+        metavar="PLAN",
+        help="parallelism plan (plan.json or file.py:attr) attached before the passes; "
+        "`-p spmd-partition` then makes the per-rank program",
     )
     p.add_argument(
         "--parity",
@@ -129,6 +136,7 @@ def run(args: argparse.Namespace) -> int:
     passes = _parse_passes(args.passes)
     compiler = require_compiler(targets) if args.compile else None
     check_destination(args.out, force=args.force)  # fail before a long capture, again at commit
+    plan = load_plan(args.plan) if args.plan else None
     source = resolve(args.spec)
     to_compile = [t for t in targets if t.backend in COMPILED_BACKENDS] if compiler else []
     total = 2 + bool(passes) + len(targets) + len(to_compile) + bool(args.parity)
@@ -137,6 +145,8 @@ def run(args: argparse.Namespace) -> int:
         verb = "loading" if source.archive is not None else "capturing"
         with progress.stage("capture" if source.spec else "load", f"{verb} {source.name}"):
             program = source.program(training=args.train)
+            if plan is not None:
+                program = with_plan(program, plan)
         applied: list[dict[str, Any]] = []
         if passes:
             program, applied = _apply_passes(program, passes, progress, source, args.train)

@@ -26,11 +26,11 @@ from ..errors import CaptureError, InputError, PlanError
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
 from .exit_codes import EPILOG, ExitCode, OutputConflictError
-from .load_spec import Source, _getattr_path, _import_file, _import_module, _is_path, resolve
+from .load_spec import Source, load_plan, resolve, with_plan
 from .progress import Progress
 from .table import format_table
 
-__all__ = ["add_parser", "load_plan", "run"]
+__all__ = ["add_parser", "run"]
 
 
 def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentParser]) -> None:
@@ -80,10 +80,7 @@ def run(args: argparse.Namespace) -> int:
     training = not args.inference
     with tempfile.TemporaryDirectory(prefix="portable-run-") as tmp:
         with progress.stage("capture", f"capturing {source.name}"):
-            program = _program(source, training)
-            shapes = {i.target or i.name: i.spec.shape for i in program.signature.inputs}
-            plan.validate(shapes)
-            program.plan = plan
+            program = with_plan(_program(source, training), plan)
         with progress.stage("partition", f"partitioning for {_mesh_text(plan)}"):
             per_rank = _partition(program)
         with progress.stage("save", "saving the per-rank program and global inputs"):
@@ -105,40 +102,6 @@ def run(args: argparse.Namespace) -> int:
             doc["results"] = results
     _print(args, doc)
     return ExitCode.OK
-
-
-def load_plan(text: str) -> Plan:
-    """A Plan from `plan.json` (Plan.to_json form) or `file.py:attr` / `pkg.mod:attr`."""
-    path = Path(text)
-    if path.suffix == ".json" or path.is_file():
-        if not path.is_file():
-            raise PlanError(f"no such plan file: {path}", fix="PLAN is plan.json or file.py:attr")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise PlanError(
-                f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()"
-            ) from exc
-        try:
-            return Plan.from_json(data)
-        except (KeyError, TypeError, AttributeError) as exc:
-            raise PlanError(
-                f"{path} is not a plan: {type(exc).__name__}: {exc}",
-                fix='write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
-            ) from exc
-    where, sep, attr = text.rpartition(":")
-    if not sep or not where or not attr:
-        raise PlanError(f"cannot read PLAN {text!r}", fix="PLAN is plan.json or file.py:attr")
-    module = _import_file(Path(where)) if _is_path(where) else _import_module(where)
-    obj = _getattr_path(module, attr, where)
-    if callable(obj) and not isinstance(obj, Plan):
-        obj = obj()
-    if not isinstance(obj, Plan):
-        raise PlanError(
-            f"{text} is a {type(obj).__name__}, not a Plan",
-            fix="name a portable.Plan or a zero-argument function returning one",
-        )
-    return obj
 
 
 def _own_plan(source: Source) -> Plan:

@@ -70,6 +70,15 @@ class Program:
         """Weights keyed by input placeholder name, in signature order."""
         return {i.name: self.weights[i.target] for i in self.signature.state_inputs}
 
+    def tensor_shapes(self) -> dict[str, tuple[int | str, ...]]:
+        """Every input tensor's shape by the name plans use (weight key or input name); a tied
+        weight answers to each of its names."""
+        shapes = {i.target or i.name: i.spec.shape for i in self.signature.inputs}
+        for dropped, kept in self.metadata.get("tied_weights", {}).items():
+            if kept in shapes:
+                shapes.setdefault(dropped, shapes[kept])
+        return shapes
+
     def parameters(self) -> dict[str, torch.Tensor]:
         return {
             i.target: self.weights[i.target] for i in self.signature.inputs_of(InputKind.PARAMETER)

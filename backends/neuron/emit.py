@@ -50,12 +50,10 @@ def lower_to_hlo(
 
     count = len(program.signature.inputs)
     with jax_config.traceback_in_locations_limit(0):
-        if rank_input:
-            lowered = _lower_with_rank(program, platform, collectives)
-            numbers = _kept_inputs(lowered, count + 1)
-        else:
-            lowered = lower(program, platform, donate=True, collectives=collectives)
-            numbers = _kept_inputs(lowered, count)
+        lowered = lower(
+            program, platform, donate=True, collectives=collectives, rank_input=rank_input
+        )
+        numbers = _kept_inputs(lowered, count + rank_input)
         kept = tuple(k for k in numbers if k < count)
         rank_parameter = len(kept) if count in numbers else None  # dropped if never read
         module = lowered.compiler_ir("stablehlo")
@@ -67,27 +65,6 @@ def lower_to_hlo(
     )
     proto = _drop_field(computation.as_serialized_hlo_module_proto(), _MODULE_ID)
     return HloArtifacts(proto, stablehlo, kept, rank_parameter)
-
-
-def _lower_with_rank(program: Program, platform: str, collectives: Any):
-    """`backends.xla.lowering.lower` with one more argument, the int32 rank, last."""
-    import jax
-    import numpy as np
-
-    from ..xla.lowering import abstract_inputs, donated, jax_function, lower
-
-    if program.metadata.get("symbolic_dims"):
-        return lower(program, platform, collectives=collectives)  # raises its LoweringError
-
-    def fn(*flat, rank_id):
-        # the rank is bound per trace: the collectives compute coordinates from this tracer (a
-        # keyword argument: flattened after the inputs, and named `rank_id` in the HLO metadata)
-        return jax_function(program, platform, collectives.with_rank(rank_id))(*flat)
-
-    rank = jax.ShapeDtypeStruct((), np.int32)
-    with jax.enable_x64(True):
-        jitted = jax.jit(fn, donate_argnums=donated(program))
-        return jitted.lower(*abstract_inputs(program), rank_id=rank)
 
 
 def _alias_as_signed(module, program: Program, kept: tuple[int, ...]) -> None:

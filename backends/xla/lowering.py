@@ -126,16 +126,34 @@ def donated(program: Program) -> tuple[int, ...]:
 
 
 def lower(
-    program: Program, platform: str, *, donate: bool = True, collectives: Any = None
+    program: Program,
+    platform: str,
+    *,
+    donate: bool = True,
+    collectives: Any = None,
+    rank_input: bool = False,
 ) -> jax.stages.Lowered:
-    """Trace the program with jax.jit and lower it (StableHLO; `.compiler_ir("hlo")` for HLO)."""
+    """Trace the program with jax.jit and lower it (StableHLO; `.compiler_ir("hlo")` for HLO).
+
+    `rank_input`: one more argument after the signature's inputs, the int32 rank (`rank_id`),
+    bound into the collectives with `collectives.with_rank` (per-rank Neuron HLO)."""
     if program.metadata.get("symbolic_dims"):
         raise LoweringError(
             f"{program.name} has dynamic dims {sorted(program.metadata['symbolic_dims'])}",
             backend=platform,
             fix="XLA and Neuron compile static shapes: capture one program per shape bucket",
         )
-    fn = jax_function(program, platform, collectives)
+    extra = {}
+    if rank_input:
+
+        def fn(*flat, rank_id):
+            # the rank is bound per trace; a keyword argument is flattened after the inputs and
+            # named `rank_id` in the HLO metadata
+            return jax_function(program, platform, collectives.with_rank(rank_id))(*flat)
+
+        extra["rank_id"] = jax.ShapeDtypeStruct((), "int32")
+    else:
+        fn = jax_function(program, platform, collectives)
     with jax.enable_x64(True):
         jitted = jax.jit(fn, donate_argnums=donated(program) if donate else ())
-        return jitted.lower(*abstract_inputs(program))
+        return jitted.lower(*abstract_inputs(program), **extra)

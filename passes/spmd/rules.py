@@ -498,15 +498,15 @@ def _groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], lis
     return groups
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
-def view(ctx, node):
+def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
+    """(required input, output) shardings of a reshape: a split dim stays split when it leads
+    its group of merged/split dims and the axes divide the output dim it maps to; other split
+    dims are gathered first. None when the dims do not group (then: full copies)."""
     x = node.args[0]
-    s = ctx.sh(x)
-    src = ctx.shape(x)
-    dst = tuple(node.meta["tensor"].shape)
+    s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
     groups = _groups(src, dst)
     if groups is None:
-        return replicate_all(ctx, node)
+        return None
     in_dims = [list(d) for d in s.dims]
     out_dims: list[tuple[str, ...]] = [() for _ in dst]
     for gi, gj in groups:
@@ -520,38 +520,28 @@ def view(ctx, node):
                 out_dims[lead_j] = tuple(in_dims[d])
             else:
                 in_dims[d] = []
-    req = Sharding(tuple(tuple(d) for d in in_dims), s.partial)
-    out = Sharding(tuple(out_dims), s.partial)
-    local = list(out.local_shape(dst, ctx.mesh))
+    return Sharding(tuple(tuple(d) for d in in_dims), s.partial), Sharding(
+        tuple(out_dims), s.partial
+    )
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx, node):
+    shardings = _reshape(ctx, node)
+    if shardings is None:
+        return replicate_all(ctx, node)
+    req, out = shardings
+    local = list(out.local_shape(node.meta["tensor"].shape, ctx.mesh))
     return Decision({0: req}, out, args={1: local})
 
 
 @rule(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
-def unsqueeze(ctx, node):
-    return view_like(ctx, node)
-
-
 def view_like(ctx, node):
-    """A reshape whose size argument is implied (squeeze/unsqueeze): same dim mapping as view."""
-    x = node.args[0]
-    s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
-    groups = _groups(src, dst)
-    if groups is None:
+    """A reshape whose size argument is implied: no argument to rewrite."""
+    shardings = _reshape(ctx, node)
+    if shardings is None:
         return replicate_all(ctx, node)
-    in_dims = [list(d) for d in s.dims]
-    out_dims: list[tuple[str, ...]] = [() for _ in dst]
-    for gi, gj in groups:
-        lead_i = next((d for d in gi if src[d] != 1), None)
-        lead_j = next((d for d in gj if dst[d] != 1), None)
-        for d in gi:
-            if in_dims[d] and d == lead_i and lead_j is not None and src[d] == dst[lead_j]:
-                out_dims[lead_j] = tuple(in_dims[d])
-            else:
-                in_dims[d] = []
-    return Decision(
-        {0: Sharding(tuple(tuple(d) for d in in_dims), s.partial)},
-        Sharding(tuple(out_dims), s.partial),
-    )
+    return Decision({0: shardings[0]}, shardings[1])
 
 
 @rule(aten.expand.default)

@@ -153,6 +153,7 @@ class _Partitioner:
             self.red.dtype[node] = meta.dtype
 
     def _partition(self, node: torch.fx.Node) -> None:
+        self._gather_fsdp_parameter(node)
         rule = RULES.get(node.target)
         decision = rule(self.ctx, node) if rule else None
         if decision is None:
@@ -177,6 +178,21 @@ class _Partitioner:
             self.red.global_shape[node] = tuple(node.meta["tensor"].shape)
             self.red.dtype[node] = node.meta["tensor"].dtype
         self._record(node, decision.output)
+
+    def _gather_fsdp_parameter(self, node: torch.fx.Node) -> None:
+        """FSDP: a view of a parameter (`t(W)` feeding a matmul) views the gathered parameter,
+        so the all-gather is of the parameter itself (what comm-overlap prefetches)."""
+        axis = self.src.plan.fsdp_axis
+        if axis is None or node.target not in _PARAMETER_VIEWS or not node.args:
+            return
+        param = node.args[0]
+        if not isinstance(param, torch.fx.Node) or param.op != "placeholder":
+            return
+        have = self.red.sharding.get(param)
+        if not self.ctx.is_parameter(param) or have is None or axis not in have.axes():
+            return
+        want = Sharding(tuple(tuple(a for a in d if a != axis) for d in have.dims), have.partial)
+        _set(node, 0, self.red.to(param, want, node))
 
     def _split_addmm(self, node: torch.fx.Node) -> None:
         """bias + a @ b whose product is a partial sum: mm, then add the bias after the reduce."""

@@ -87,7 +87,7 @@ class XlaBackend(Backend):
 
         if is_per_rank(compiled.lowered.program):
             # GLOBAL inputs and outputs (spmd.py's module docstring)
-            return SpmdExecutable(compiled.lowered.program, self.name)
+            return SpmdExecutable(compiled.lowered.program, self.name, compiled.payload)
         xla_executable = compiled.payload
 
         def run(flat):

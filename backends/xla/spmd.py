@@ -229,17 +229,9 @@ class SpmdResult:
     state: dict[str, torch.Tensor]  # weight key -> final global value (training steps)
 
 
-_CACHE_KEY = "_portable_spmd_function"
-
-
 def spmd_function(program: Program) -> _SpmdFunction:
-    """The per-rank program traced, lowered and compiled over its mesh (once per Program)."""
-    # cached on the Program object (kept off the program's metadata, which is serialized)
-    fn = getattr(program, _CACHE_KEY, None)
-    if fn is None:
-        fn = _SpmdFunction(program)
-        object.__setattr__(program, _CACHE_KEY, fn)
-    return fn
+    """The per-rank program traced, lowered and compiled over its mesh."""
+    return _SpmdFunction(program)
 
 
 def run_spmd(program: Program, global_inputs: Sequence[torch.Tensor], steps: int = 1) -> SpmdResult:
@@ -291,8 +283,8 @@ def _check_global(program: Program, layout: SpmdLayout, values: Sequence[torch.T
 class SpmdExecutable(Executable):
     """An Executable of a per-rank program over GLOBAL values (see the module docstring)."""
 
-    def __init__(self, program: Program, backend: str) -> None:
-        fn = spmd_function(program)
+    def __init__(self, program: Program, backend: str, fn: _SpmdFunction | None = None) -> None:
+        fn = fn if fn is not None else spmd_function(program)
         super().__init__(program, lambda flat: _run_once(fn, flat), backend)
         self.layout = fn.layout
 

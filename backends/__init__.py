@@ -20,6 +20,7 @@ registry: Registry[type[Backend]] = Registry(
         "xla": "portable.backends.xla:XlaBackend",
         "neuron": "portable.backends.neuron:NeuronBackend",
         "cuda": "portable.backends.cuda:CudaBackend",
+        "onnx": "portable.backends.onnx:OnnxBackend",
     },
 )
 

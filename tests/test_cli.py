@@ -167,14 +167,21 @@ def test_gpt_training_step_all_targets_parity_json(tmp_path, capsys):
         "GPT.train_step",
         "training_step",
     )
-    assert [t["target"] for t in manifest["targets"]] == backend_registry.names()
+    # `all` with --train: every backend that lowers training steps (onnx exports inference only)
+    training = [
+        n
+        for n in backend_registry.names()
+        if portable.ProgramKind.TRAINING_STEP in get_backend(n).capabilities().program_kinds
+    ]
+    assert "onnx" in backend_registry.names() and "onnx" not in training
+    assert [t["target"] for t in manifest["targets"]] == training
     assert [p["spec"] for p in manifest["passes"]] == ["dce", "canonicalize", "dce"]
     parity = manifest["parity"]
-    runnable = [n for n in backend_registry.names() if get_backend(n).can_execute_here()[0]]
+    runnable = [n for n in training if get_backend(n).can_execute_here()[0]]
     assert parity["ok"] is True and parity["steps"] == 3 and parity["backends"] == runnable
     assert "xla" in runnable and "neuron" not in runnable
     assert [t["target"] for t in parity["lowered_only"]] == [
-        n for n in backend_registry.names() if n not in runnable
+        n for n in training if n not in runnable
     ]
     assert "neuron" in [t["target"] for t in parity["lowered_only"]]
     assert parity["report"]["atol"] == 1e-3 / 20  # AdamW(lr=1e-3): see default_tolerances
@@ -497,7 +504,9 @@ def test_targets_expand_all_and_drop_repeats():
 
     every = [Target(name) for name in registry.names()]
     assert parse_targets(["cpu", "all", " cpu "]) == every
-    assert {"cpu", "xla", "neuron"} <= {t.backend for t in every}
+    assert {"cpu", "xla", "neuron", "onnx"} <= {t.backend for t in every}
+    training = parse_targets(["all"], training=True)  # backends that lower training steps
+    assert Target("onnx") not in training and {"cpu", "xla"} <= {t.backend for t in training}
     assert target_dir(Target("neuron", "trn2")) == "neuron_trn2"
     # a backend that lowers several variants together gets one folder, variants merged
     assert target_dir(Target("cuda", "sm_90")) == "cuda"

@@ -2,8 +2,9 @@
 
 `BACKENDS` maps a name to the implementation under test: `run` backends quantize and dequantize
 tensors (`cpu`: one-op programs run by the cpu backend; `xla`: the same programs compiled by the
-xla backend; `triton`: the cuda backend's kernels in Triton's interpreter), `lower` backends only
-lower (`neuron`: no NeuronCore here). A new backend (onnx) is one more entry.
+xla backend; `triton`: the cuda backend's kernels in Triton's interpreter; `onnx`: programs of
+every format x rule per input, exported once and run by ONNX Runtime, see `batched`), `lower`
+backends only lower (`neuron`: no NeuronCore here). A new backend is one more entry.
 
 Every run backend gets the same cases, checked bit for bit against `portable.mx` (the oracle)
 and against shared/reference/mx.md's expectations directly:
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import hashlib
 import importlib.util
 import itertools
 import json
@@ -204,6 +206,81 @@ def compiled(backend: str) -> tuple[Callable, Callable]:
     return quantize, dequantize
 
 
+def _table_pairs(dtype: torch.dtype, axis: int) -> tuple[tuple[str, str], ...]:
+    """The (format, rule) pairs the table quantizes one input with: every pair for float32
+    along the last axis, one rule per format (RULE_OF) otherwise."""
+    if dtype == torch.float32 and axis == -1:
+        return tuple(itertools.product(FORMATS, RULES))
+    return tuple(RULE_OF.items())
+
+
+def quantize_table_program(shape, dtype, axis, pairs, block_size=32) -> Program:
+    """One input quantized with each (format, rule) of `pairs`: outputs codes, scales, ..."""
+    spec = TensorSpec(tuple(shape), dtype)
+
+    def build(g, ph):
+        outs = []
+        for fmt, rule in pairs:
+            outs += add_quantize(g, ph[0], spec, fmt, axis, rule, block_size)
+        return outs
+
+    return _program("mx_quantize_table", [spec], build)
+
+
+def dequantize_table_program(codes_shape, scales_shape, axis, formats, dtypes, block_size=32):
+    """One (codes, scales) pair dequantized as each format x dtype (format-major)."""
+    inputs = [TensorSpec(tuple(shape), torch.uint8) for shape in (codes_shape, scales_shape)]
+
+    def build(g, ph):
+        return [
+            add_dequantize(g, *ph, tuple(codes_shape), fmt, axis, dtype, block_size)
+            for fmt in formats
+            for dtype in dtypes
+        ]
+
+    return _program("mx_dequantize_table", inputs, build)
+
+
+def batched(backend: str, dtypes: tuple[torch.dtype, ...]) -> tuple[Callable, Callable]:
+    """quantize / dequantize for a backend whose compile is slow (`onnx` exports each program):
+    one program per input shape, dtype and axis holding every (format, rule) pair the table asks
+    of such an input (`_table_pairs`; a one-op program for any other request), one per codes /
+    scales shape and axis holding every format of that packing x every dtype in `dtypes`. Results
+    are cached by the input's bytes, so the table's cases that share an input run it once."""
+
+    @functools.cache
+    def exe(program_of, *key):
+        return portable.compile(program_of(*key), backend)
+
+    results: dict[tuple, list[torch.Tensor]] = {}
+
+    def run(program_of, key, *tensors):
+        digest = hashlib.sha256()
+        for t in tensors:
+            digest.update(t.contiguous().view(torch.uint8).numpy().tobytes())
+        cache_key = (program_of, key, digest.hexdigest())
+        if cache_key not in results:
+            out = exe(program_of, *key)(*tensors)
+            results[cache_key] = list(out) if isinstance(out, tuple) else [out]
+        return results[cache_key]
+
+    def quantize(x, fmt, axis=-1, rule="floor", block_size=32):
+        pairs = _table_pairs(x.dtype, axis)
+        pairs = pairs if (fmt, rule) in pairs else ((fmt, rule),)
+        out = run(quantize_table_program, (tuple(x.shape), x.dtype, axis, pairs, block_size), x)
+        i = 2 * pairs.index((fmt, rule))
+        return out[i].contiguous(), out[i + 1].contiguous()
+
+    def dequantize(codes, scales, fmt, axis=-1, dtype=torch.float32, block_size=32):
+        packed = mx.FORMATS[fmt].packed
+        formats = tuple(f for f in FORMATS if mx.FORMATS[f].packed == packed)
+        key = (tuple(codes.shape), tuple(scales.shape), axis, formats, dtypes, block_size)
+        out = run(dequantize_table_program, key, codes, scales)
+        return out[formats.index(fmt) * len(dtypes) + dtypes.index(dtype)].contiguous()
+
+    return quantize, dequantize
+
+
 def _triton_kernels():
     from portable.backends.cuda.kernels import mx as kmx
 
@@ -239,6 +316,9 @@ BACKENDS: dict[str, MXBackend] = {
     "xla": MXBackend("run", lambda: compiled("xla"), requires="jax"),
     "triton": MXBackend("run", _triton_kernels, requires="triton"),
     "neuron": MXBackend("lower", _neuron_lower, requires="jax"),
+    "onnx": MXBackend(
+        "run", lambda: batched("onnx", (*FLOATS, torch.float64)), requires="onnxruntime"
+    ),
 }
 RUN = [name for name, b in BACKENDS.items() if b.kind == "run"]
 

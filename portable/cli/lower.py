@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..api import lower as lower_program
 from ..backends import Target, get_backend, registry
-from ..ir.program import Program
+from ..ir.program import Program, ProgramKind
 from .compiling import COMPILED_BACKENDS, CompileOutcome, compile_targets, require_compiler
 from .exit_codes import EPILOG, ExitCode
 from .load_spec import Source, load_plan, resolve, with_plan
@@ -131,7 +131,7 @@ def _combines(backend: str) -> bool:
 
 
 def run(args: argparse.Namespace) -> int:
-    targets = parse_targets(args.target)
+    targets = parse_targets(args.target, training=args.train)
     _check_aot(args, targets)
     passes = _parse_passes(args.passes)
     compiler = require_compiler(targets) if args.compile else None
@@ -187,9 +187,15 @@ def _positive_int(text: str) -> int:
     return value
 
 
-def parse_targets(texts: list[str]) -> list[Target]:
-    """Expand `all`, parse, drop repeats (first wins), and check each backend is registered."""
-    names = [n for text in texts for n in (registry.names() if text.strip() == "all" else [text])]
+def parse_targets(texts: list[str], *, training: bool = False) -> list[Target]:
+    """Expand `all` (every registered backend that takes the program's kind: with `training`,
+    those that lower training steps), parse, drop repeats (first wins), and check each backend
+    is registered."""
+    every = registry.names()
+    if training:
+        kind = ProgramKind.TRAINING_STEP
+        every = [n for n in every if kind in get_backend(n).capabilities().program_kinds]
+    names = [n for text in texts for n in (every if text.strip() == "all" else [text])]
     targets = list(dict.fromkeys(Target.parse(n) for n in names))
     for target in targets:
         get_backend(target.backend)  # RegistryError listing the registered backends

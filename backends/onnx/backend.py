@@ -1,0 +1,158 @@
+"""`onnx`: inference programs exported to ONNX (export.py) and run by ONNX Runtime on CPU.
+
+lower -> `model.onnx` (+ `model.onnx.data` for weights over 2 GB) checked by onnx.checker, and
+its readable text; compile -> the files under out_dir and an `InferenceSession`; executable ->
+the portable Executable (torch tensors in and out through numpy). Training steps and per-rank
+programs are refused with what to export instead. onnx, onnxruntime and onnxscript are imported
+only here, inside the methods.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+
+from portable.errors import BackendError, LoweringError
+from portable.ir.program import Program, ProgramKind
+from portable.ir.source import source_of
+from portable.opset import lookup, op_name, opset_table
+from portable.runtime import Executable
+
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
+
+__all__ = ["OnnxBackend"]
+
+# Ops an inference program may not hold here: backward ops belong to training steps, which this
+# backend refuses (the exporter has no rules for them).
+_TRAINING_ONLY = frozenset(
+    {
+        "portable.attention_backward.default",
+        "portable.rms_norm_backward.default",
+        "aten._native_batch_norm_legit_functional.default",
+    }
+)
+_COLLECTIVES = frozenset(
+    f"portable.{name}.default"
+    for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_shard")
+)
+_REQUIRES = ("onnx", "onnxruntime", "onnxscript")
+_INSTALL = "pip install 'portable[onnx]'"
+
+
+class OnnxBackend(Backend):
+    name = "onnx"
+
+    def capabilities(self) -> Capabilities:
+        ops = frozenset(
+            name
+            for name in opset_table()
+            if name not in _TRAINING_ONLY
+            and not name.endswith("_backward.default")
+            and not name.endswith("_backward_data.default")
+        )
+        return Capabilities(ops=ops, program_kinds=frozenset({ProgramKind.INFERENCE}))
+
+    def can_execute_here(self) -> tuple[bool, str]:
+        missing = [m for m in _REQUIRES if importlib.util.find_spec(m) is None]
+        if missing:
+            return False, f"{', '.join(missing)} not installed ({_INSTALL})"
+        return True, ""
+
+    def lower(self, program: Program, target: Target) -> Lowered:
+        _refuse_unexportable(program)
+        self.check_program(program, target)
+        ok, why = self.can_execute_here()
+        if not ok:
+            raise BackendError(f"the onnx backend needs {why}", fix=_INSTALL)
+        _check_nodes(program)
+        from .export import MODEL_FILE, export_program, model_text
+
+        exported = export_program(program)
+        texts = {MODEL_FILE + ".txt": model_text(exported.path)}
+        return Lowered(program, target, texts=texts, payload=exported)
+
+    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        files = []
+        if out_dir is not None:
+            for source in lowered.payload.files():
+                shutil.copyfile(source, out_dir / source.name)
+                files.append(out_dir / source.name)
+            for name, text in lowered.texts.items():
+                path = out_dir / name
+                path.write_text(text)
+                files.append(path)
+        return Compiled(lowered, files, payload=lowered.payload)
+
+    def executable(self, compiled: Compiled) -> Executable:
+        ok, why = self.can_execute_here()
+        if not ok:
+            raise BackendError(f"the onnx backend cannot run here: {why}", fix=_INSTALL)
+        from .session import session_function
+
+        return Executable(
+            compiled.lowered.program,
+            session_function(compiled.payload, compiled.lowered.program),
+            self.name,
+        )
+
+
+def _refuse_unexportable(program: Program) -> None:
+    """Training steps and per-rank programs: say what to export instead."""
+    if program.kind is ProgramKind.TRAINING_STEP:
+        raise BackendError(
+            f"backend onnx exports inference programs; {program.name} is a training step",
+            fix="export the forward program: portable.capture(model, example_inputs) without "
+            "loss_fn/optimizer, or `portable lower SPEC -t onnx` without --train",
+        )
+    spmd = program.metadata.get("spmd")
+    if spmd:
+        from portable.ir.plan import Mesh
+
+        size = Mesh(spmd["mesh"]).size
+        if size > 1:
+            raise BackendError(
+                f"backend onnx exports single-device programs; {program.name} is a per-rank "
+                f"program over a mesh of {size} devices",
+                fix="export the program before `spmd-partition` (the global program), or run "
+                "the per-rank program on `xla` (multi-device) or under `portable run --nproc`",
+            )
+
+
+def _check_nodes(program: Program) -> None:
+    """Refuse, at the user's line, what export would fail on: a collective over more than one
+    rank (one rank: the identity) and MX arguments the MX rules do not take."""
+    from .translations.mx import check_node
+
+    for node in program.graph.nodes:
+        if node.op != "call_function" or lookup(node.target) is None:
+            continue
+        name = op_name(node.target)
+        group = node.kwargs.get("group_size", node.args[-1] if node.args else None)
+        if name in _COLLECTIVES and group != 1:
+            raise _located(
+                node,
+                f"backend onnx has no rule for {name} over a group of {group} ranks",
+                "export the global program (before `spmd-partition`); collectives of one rank "
+                "export as Identity",
+            )
+        if _static(node):  # symbolic dims are checked by the MX rules while exporting
+            check_node(node)  # LoweringError at the node
+
+
+def _static(node) -> bool:
+    """Whether every tensor argument of `node` has a static shape."""
+    shapes = [getattr(a.meta.get("tensor"), "shape", None) for a in node.all_input_nodes]
+    return all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
+
+
+def _located(node, what: str, fix: str | None) -> LoweringError:
+    src = source_of(node)
+    return LoweringError(
+        what,
+        backend="onnx",
+        op=op_name(node.target),
+        module=src.module if src else None,
+        source=src.location() if src else None,
+        fix=fix,
+    )

@@ -1,0 +1,63 @@
+"""Running an exported model with ONNX Runtime on CPU: torch tensors in, torch tensors out.
+
+Graph optimizations are limited to ORT's basic level (constant folding, redundant-node removal):
+the extended and layout levels fuse subgraphs into kernels that round differently (e.g. GELU and
+LayerNorm fusions), and the backend is held to the `cpu` reference's rounding. Tensors cross as
+`OrtValue`s over numpy arrays; bfloat16, which numpy lacks, crosses as its 16-bit pattern in and
+by DLPack out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from portable.errors import BackendError
+from portable.ir.program import Program
+
+__all__ = ["session_function"]
+
+_BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
+
+
+def session_function(exported, program: Program):
+    """The program's flat inputs -> its user outputs, over one `InferenceSession` of the model's
+    files (the model takes the user inputs by name; the weights are its initializers)."""
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_BASIC
+    try:
+        session = ort.InferenceSession(
+            str(exported.path), sess_options=options, providers=["CPUExecutionProvider"]
+        )
+    except Exception as error:  # onnxruntime's pybind errors share no base class
+        raise BackendError(
+            f"ONNX Runtime (CPU) cannot run the model of {program.name}: "
+            f"{str(error).strip().splitlines()[0]}",
+            fix="a kernel ORT's CPU provider lacks (often a bfloat16 one): run the program on "
+            "`cpu` or `xla`, or cast it to float32 before capture",
+        ) from error
+    position = {s.name: i for i, s in enumerate(program.signature.inputs)}
+    names = [i.name for i in session.get_inputs()]
+
+    def run(flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+        feeds = {name: _to_ort(ort, flat[position[name]]) for name in names}
+        return [_to_torch(o) for o in session.run_with_ort_values(None, feeds)]
+
+    return run
+
+
+def _to_ort(ort, value: torch.Tensor):
+    value = value.detach().cpu().contiguous()
+    if value.dtype == torch.bfloat16:
+        bits = value.view(torch.int16).numpy()
+        return ort.OrtValue.ortvalue_from_numpy_with_onnx_type(bits, _BFLOAT16)
+    return ort.OrtValue.ortvalue_from_numpy(value.numpy())
+
+
+def _to_torch(value) -> torch.Tensor:
+    if value.data_type() == "tensor(bfloat16)":
+        return torch.from_dlpack(value._get_c_value().to_dlpack())
+    return torch.from_numpy(value.numpy())

@@ -24,7 +24,7 @@ import torch
 from portable.errors import BackendError
 from portable.ir.program import Program
 from portable.ir.signature import InputKind, OutputKind, TensorSpec
-from portable.torch_compat import copy_graph_module
+from portable.torch_compat import copy_graph_module, quiet_onnx_registry
 
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
@@ -108,7 +108,7 @@ def export_program(
     outputs = [o.name for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
     log = io.StringIO()
     try:
-        with redirect_stdout(log), redirect_stderr(log):
+        with redirect_stdout(log), redirect_stderr(log), quiet_onnx_registry():
             onnx_program = torch.onnx.export(
                 module,
                 examples,

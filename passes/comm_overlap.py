@@ -32,17 +32,11 @@ placement decides how much communication hides behind compute. The pass
 Compute ops keep their relative order; only collectives, waits and the bucket's packing nodes
 move. A program without collectives is returned unchanged.
 
-Cost model (for the report; it does not steer the schedule): one rank, compute ops run one after
-another, each taking `FLOPs / (tflops * 1e12)` seconds, where FLOPs are 2*M*N*K for
-matrix products (mm, addmm, bmm, baddbmm), 4*|q|*Lk for attention, 0 for views and one per
-output element for everything else. Collectives share one link and run one at a time in issue
-order, each taking `latency_us + wire_bytes / link_gb_s`, with ring wire bytes: all-reduce
-2(n-1)/n x its bytes, all-gather (n-1)/n x the gathered bytes, reduce-scatter and all-to-all
-(n-1)/n x their input bytes (n the group size; docs: shared/reference/hardware.md). A collective
-starts at its issue point (or when the link frees) and is exposed for however long a `wait` has
-to stall the compute stream for it. Counts `exposed-ns-before` / `exposed-ns-after` are the
-summed stalls of the program before and after the pass; `comm-ns` the link's busy time. This
-ignores memory bandwidth, kernel launch overheads and contention of compute with communication.
+Cost model (for the report; it does not steer the schedule): `comm_cost.py`, a single rank whose
+compute ops run serially at `tflops` and whose collectives share one link (`latency_us` +
+ring bytes / `link_gb_s`); a wait stalls compute until its collective is done. Counts
+`exposed-ns-before` / `exposed-ns-after` are the summed stalls of the program before and after
+the pass; `comm-ns` the link's busy time.
 
 Counts: `buckets` (multi-tensor buckets created), `bucketed` (collectives merged into them),
 `prefetched` (parameter all-gathers issued before the compute that precedes their use),
@@ -56,7 +50,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import operator
 import re
 from collections.abc import Iterable
 from typing import Any
@@ -71,19 +64,25 @@ from portable.ir.signature import InputKind, TensorSpec
 from portable.ir.source import SourceLoc
 
 from .base import Pass, PassResult
+from .comm_cost import (
+    ALL_GATHER,
+    ALL_REDUCE,
+    ALL_TO_ALL,
+    COLLECTIVES,
+    REDUCE_SCATTER,
+    WAIT,
+    estimate_exposed,
+)
+from .comm_cost import (
+    nbytes as node_bytes,
+)
 
-__all__ = ["CommOverlap", "estimate_exposed"]
+__all__ = ["CommOverlap"]
 
 NAME = "comm-overlap"
 MIB = 1 << 20
 aten = torch.ops.aten
 _p = torch.ops.portable
-ALL_REDUCE = _p.all_reduce.default
-ALL_GATHER = _p.all_gather.default
-REDUCE_SCATTER = _p.reduce_scatter.default
-ALL_TO_ALL = _p.all_to_all.default
-WAIT = _p.wait.default
-COLLECTIVES = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL)
 _OP_NAMES = {
     ALL_REDUCE: "all_reduce",
     ALL_GATHER: "all_gather",
@@ -119,12 +118,12 @@ class CommOverlap(Pass):
     def apply(self, program: Program) -> PassResult:
         if not any(n.target in COLLECTIVES for n in program.graph.nodes):
             return PassResult(program, self.report(False, notes=["no collectives: nothing to do"]))
-        before = estimate_exposed(program.graph, self)
+        before = estimate_exposed(program.graph, self.tflops, self.link_gb_s, self.latency_us)
         out = program.replace()
         params = {i.name for i in out.signature.inputs if i.kind is InputKind.PARAMETER}
         sched = _Scheduler(out.graph, self, params)
         sched.run()
-        after = estimate_exposed(out.graph, self)
+        after = estimate_exposed(out.graph, self.tflops, self.link_gb_s, self.latency_us)
         counts = {
             "buckets": len([b for b in sched.buckets if len(b.members) > 1]),
             "bucketed": sum(len(b.members) for b in sched.buckets if len(b.members) > 1),
@@ -220,7 +219,7 @@ class _Scheduler:
         candidates.sort(key=lambda c: self.pos[c.args[0]])
         for c in candidates:
             key = _bucket_key(c)
-            nbytes = _nbytes(c.args[0])
+            nbytes = node_bytes(c.args[0])
             produced = self.pos[c.args[0]]
             first_use = self._first_use(self.wait_of[c])
             b = open_.get(key)
@@ -316,7 +315,7 @@ class _Scheduler:
             use = self._first_use(self.wait_of[c])
             earlier = [s for s in starts if s <= use]
             target = earlier[-2] if len(earlier) >= 2 else first_compute
-            plan.append((min(target, use), use, _nbytes(self.wait_of[c]), c))
+            plan.append((min(target, use), use, node_bytes(self.wait_of[c]), c))
         plan.sort(key=lambda t: (t[0], t[1]))
         placed: list[tuple[int, int, int]] = []  # (issue, use, bytes)
 
@@ -472,101 +471,6 @@ class _Scheduler:
                 f"[{', '.join(b.names)}], {b.nbytes} bytes: issued after %{b.issued_after}, "
                 f"waited before %{b.waited_before}"
             )
-
-
-# ---------------------------------------------------------------------------- cost model
-
-
-def estimate_exposed(graph: torch.fx.Graph, opts: CommOverlap) -> dict[str, int]:
-    """Cost model of the module docstring over `graph` in its order: exposed and total
-    communication time, and compute time, in nanoseconds."""
-    t = 0.0
-    link_free = 0.0
-    done: dict[torch.fx.Node, float] = {}
-    exposed = comm = compute = 0.0
-    for n in graph.nodes:
-        if n.op != "call_function":
-            continue
-        if n.target in COLLECTIVES:
-            cost = opts.latency_us * 1e-6 + _wire_bytes(n) / (opts.link_gb_s * 1e9)
-            start = max(t, link_free)
-            link_free = done[n] = start + cost
-            comm += cost
-        elif n.target is WAIT and n.args[0] in done:
-            end = done[n.args[0]]
-            if end > t:
-                exposed += end - t
-                t = end
-        else:
-            step = flops(n) / (opts.tflops * 1e12)
-            t += step
-            compute += step
-    return {
-        "exposed_ns": round(exposed * 1e9),
-        "comm_ns": round(comm * 1e9),
-        "compute_ns": round(compute * 1e9),
-    }
-
-
-_FREE = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dims,
-    aten.squeeze.dim,
-    aten.expand.default,
-    aten.slice.Tensor,
-    aten.split_with_sizes.default,
-    operator.getitem,
-}
-_MATMULS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
-
-
-def flops(node: torch.fx.Node) -> int:
-    """FLOPs of one op in the cost model: 2*M*N*K for matrix products, 4*|q|*Lk for attention,
-    0 for views, one per output element otherwise."""
-    if node.target in _FREE:
-        return 0
-    out = _numel(node.meta.get("tensor"))
-    if node.target in _MATMULS:
-        a = node.args[_MATMULS[node.target]]
-        k = a.meta["tensor"].shape[-1] if isinstance(a, torch.fx.Node) else 1
-        return 2 * out * int(k)
-    if "attention" in str(node.target) and len(node.args) > 1:
-        q, k = node.args[0], node.args[1]
-        if isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node):
-            return 4 * _numel(q.meta.get("tensor")) * int(k.meta["tensor"].shape[-2])
-    return out
-
-
-def _wire_bytes(node: torch.fx.Node) -> float:
-    """Bytes one rank moves in a ring implementation of `node` (module doc)."""
-    group = int(node.args[-1])
-    if group <= 1:
-        return 0.0
-    frac = (group - 1) / group
-    if node.target is ALL_REDUCE:
-        return 2 * frac * _nbytes(node.args[0])
-    if node.target is ALL_GATHER:
-        return frac * _nbytes(node)
-    return frac * _nbytes(node.args[0])
-
-
-def _numel(spec: Any) -> int:
-    if isinstance(spec, TensorSpec):
-        return math.prod(int(s) if isinstance(s, int) else 1 for s in spec.shape)
-    if isinstance(spec, tuple):
-        return sum(_numel(s) for s in spec)
-    return 0
-
-
-def _nbytes(node: torch.fx.Node) -> int:
-    spec = node.meta.get("tensor")
-    return _numel(spec) * spec.dtype.itemsize if isinstance(spec, TensorSpec) else 0
 
 
 # ---------------------------------------------------------------------------- helpers

@@ -1,0 +1,123 @@
+"""Validator checks of collectives: explicit replica groups, and for per-rank programs groups that
+partition the world's ranks into the groups of each collective's mesh axis (range, cover, equal
+sizes, size == axis size) with a split dim the group size divides."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+from .findings import Finding
+from .hlo import Instruction
+
+if TYPE_CHECKING:
+    from .validate import Context
+
+__all__ = ["COLLECTIVES", "collectives"]
+
+COLLECTIVES = frozenset(
+    {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
+)
+
+
+def collectives(ctx: Context) -> Iterator[Finding]:
+    for ins in ctx.module.instructions():
+        base = ins.opcode.removesuffix("-start")
+        if base not in COLLECTIVES or base == "collective-permute":
+            continue
+        groups = ins.attrs.get("replica_groups", "").replace(" ", "")
+        if groups in ("", "{}"):
+            yield ctx.error(
+                ins,
+                "collective-groups",
+                f"{base} without explicit replica_groups",
+                "list the global ranks of each group explicitly (the spmd-partition pass does)",
+            )
+        elif ctx.ranks is not None:
+            yield from _group_findings(ctx, ins, base, _parse_groups(groups))
+
+
+def _parse_groups(text: str) -> list[list[int]]:
+    """`{{0,1},{2,3}}` -> [[0, 1], [2, 3]] (XLA's iota form `[2,2]<=[4]` expanded)."""
+    iota = re.fullmatch(r"\[(\d+),(\d+)\]<=\[(\d+)\]", text)
+    if iota:
+        count, size = int(iota[1]), int(iota[2])
+        return [list(range(g * size, (g + 1) * size)) for g in range(count)]
+    return [[int(r) for r in g.split(",") if r] for g in re.findall(r"\{([\d,]*)\}", text)]
+
+
+def _group_findings(ctx: Context, ins: Instruction, op: str, groups: list[list[int]]):
+    """Every rank exactly once, equal group sizes, group size == the axis size, ranks < world;
+    the scattered / split dim divisible by the group size."""
+    world = ctx.ranks.world_size
+    node = ctx.locator.node_of(ins)
+    axis = _collective_axis(node)
+    shown = "{" + ",".join("{" + ",".join(map(str, g)) + "}" for g in groups) + "}"
+    fix = (
+        "replica groups must partition the world's ranks into the groups of the collective's "
+        "mesh axis (a bug in portable's neuron lowering or the spmd-partition pass: report it)"
+    )
+    ranks = [r for g in groups for r in g]
+    outside = sorted({r for r in ranks if not 0 <= r < world})
+    if outside:
+        yield ctx.error(
+            ins,
+            "replica-groups-range",
+            f"{op} replica groups {shown} name ranks {outside} outside the world of {world}",
+            fix,
+        )
+    missing = sorted(set(range(world)) - set(ranks))
+    repeated = sorted({r for r in ranks if ranks.count(r) > 1})
+    if missing or repeated:
+        yield ctx.error(
+            ins,
+            "replica-groups-cover",
+            f"{op} replica groups {shown} must hold each of the {world} "
+            f"ranks once: missing {missing}, repeated {repeated}",
+            fix,
+        )
+    sizes = sorted({len(g) for g in groups})
+    if len(sizes) > 1:
+        yield ctx.error(
+            ins, "replica-groups-size", f"{op} replica groups {shown} differ in size ({sizes})", fix
+        )
+    if axis is not None and axis in ctx.ranks.mesh.names:
+        want = ctx.ranks.mesh.axis_size(axis)
+        if sizes and sizes[0] != want:
+            yield ctx.error(
+                ins,
+                "replica-groups-axis",
+                f"{op} over mesh axis {axis!r} (size {want}) has groups of {sizes[0]} ranks",
+                fix,
+            )
+    yield from _divisibility(ctx, ins, op, len(groups[0]) if groups else 1)
+
+
+def _collective_axis(node) -> str | None:
+    """The mesh axis a portable collective node runs over (its `axis` argument)."""
+    if node is None or not str(node.target).startswith("portable."):
+        return None
+    for arg in node.args:
+        if isinstance(arg, str) and arg not in ("sum", "avg", "max", "min"):
+            return arg
+    return None
+
+
+def _divisibility(ctx: Context, ins: Instruction, op: str, size: int):
+    if op not in ("reduce-scatter", "all-to-all") or size <= 1:
+        return
+    dims = re.findall(r"\d+", ins.attrs.get("dimensions", ""))
+    operand = ctx.module.computation(ins.computation).by_name().get(ins.operands[0])
+    if not dims or operand is None or not operand.leaves:
+        return
+    dim = int(dims[0])
+    extent = operand.leaves[0].dims[dim]
+    if extent % size:
+        yield ctx.error(
+            ins,
+            "collective-divisibility",
+            f"{op} splits dim {dim} ({extent}) into {size} chunks: {extent} % {size} = "
+            f"{extent % size}",
+            "choose mesh sizes that divide the dim, or pad it to a multiple of the group size",
+        )

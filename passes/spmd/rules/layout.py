@@ -1,0 +1,183 @@
+"""Layout ops: transposes, reshapes (dim groups), expand, slice, select, split, cat."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+import torch
+import torch.fx
+
+from portable.ir.sharding import Sharding
+
+from .base import (
+    Decision,
+    drop_partial,
+    norm_dim,
+    out_ndim,
+    replicate_all,
+    rule,
+    unshard_dims,
+)
+
+aten = torch.ops.aten
+portable_ops = torch.ops.portable
+
+
+@rule(aten.t.default)
+def t(ctx, node):
+    s = ctx.sh(node.args[0])
+    dims = s.dims[::-1] if len(s.dims) == 2 else s.dims
+    return Decision({0: s}, Sharding(dims, s.partial))
+
+
+@rule(aten.transpose.int)
+def transpose(ctx, node):
+    s = ctx.sh(node.args[0])
+    nd = len(s.dims)
+    d0, d1 = norm_dim(node.args[1], nd), norm_dim(node.args[2], nd)
+    dims = list(s.dims)
+    dims[d0], dims[d1] = dims[d1], dims[d0]
+    return Decision({0: s}, Sharding(tuple(dims), s.partial))
+
+
+@rule(aten.permute.default)
+def permute(ctx, node):
+    s = ctx.sh(node.args[0])
+    nd = len(s.dims)
+    order = [norm_dim(d, nd) for d in node.args[1]]
+    return Decision({0: s}, Sharding(tuple(s.dims[d] for d in order), s.partial))
+
+
+def _groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+    """Pair up runs of src dims and dst dims with equal products (a reshape's dim mapping)."""
+    groups, i, j = [], 0, 0
+    while i < len(src) or j < len(dst):
+        gi, gj = [], []
+        pi = pj = 1
+        if i < len(src):
+            gi.append(i)
+            pi *= src[i]
+            i += 1
+        if j < len(dst):
+            gj.append(j)
+            pj *= dst[j]
+            j += 1
+        while pi != pj:
+            if pi < pj and i < len(src):
+                gi.append(i)
+                pi *= src[i]
+                i += 1
+            elif pj < pi and j < len(dst):
+                gj.append(j)
+                pj *= dst[j]
+                j += 1
+            else:
+                return None
+        # absorb trailing size-1 dims into this group
+        while i < len(src) and src[i] == 1 and (j >= len(dst) or dst[j] != 1):
+            gi.append(i)
+            i += 1
+        while j < len(dst) and dst[j] == 1 and (i >= len(src) or src[i] != 1):
+            gj.append(j)
+            j += 1
+        groups.append((gi, gj))
+    return groups
+
+
+def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
+    """(required input, output) shardings of a reshape: a split dim stays split when it leads
+    its group of merged/split dims and the axes divide the output dim it maps to; other split
+    dims are gathered first. None when the dims do not group (then: full copies)."""
+    x = node.args[0]
+    s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
+    groups = _groups(src, dst)
+    if groups is None:
+        return None
+    in_dims = [list(d) for d in s.dims]
+    out_dims: list[tuple[str, ...]] = [() for _ in dst]
+    for gi, gj in groups:
+        lead_i = next((d for d in gi if src[d] != 1), None)
+        lead_j = next((d for d in gj if dst[d] != 1), None)
+        for d in gi:
+            if not in_dims[d]:
+                continue
+            factor = math.prod(ctx.mesh.axis_size(a) for a in in_dims[d])
+            if d == lead_i and lead_j is not None and dst[lead_j] % factor == 0:
+                out_dims[lead_j] = tuple(in_dims[d])
+            else:
+                in_dims[d] = []
+    return Sharding(tuple(tuple(d) for d in in_dims), s.partial), Sharding(
+        tuple(out_dims), s.partial
+    )
+
+
+@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+def view(ctx, node):
+    shardings = _reshape(ctx, node)
+    if shardings is None:
+        return replicate_all(ctx, node)
+    req, out = shardings
+    local = list(out.local_shape(node.meta["tensor"].shape, ctx.mesh))
+    return Decision({0: req}, out, args={1: local})
+
+
+@rule(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
+def view_like(ctx, node):
+    """A reshape whose size argument is implied: no argument to rewrite."""
+    shardings = _reshape(ctx, node)
+    if shardings is None:
+        return replicate_all(ctx, node)
+    return Decision({0: shardings[0]}, shardings[1])
+
+
+@rule(aten.expand.default)
+def expand(ctx, node):
+    x = node.args[0]
+    s, src = ctx.sh(x), ctx.shape(x)
+    dst = tuple(node.meta["tensor"].shape)
+    off = len(dst) - len(src)
+    out_dims = [()] * off + [s.dims[d] if src[d] == dst[d + off] else () for d in range(len(src))]
+    out = Sharding(tuple(out_dims), s.partial)
+    local = list(out.local_shape(dst, ctx.mesh))
+    sizes = [-1 if (d >= off and node.args[1][d] == -1) else local[d] for d in range(len(dst))]
+    return Decision({0: Sharding(tuple(out_dims[off:]), s.partial)}, out, args={1: sizes})
+
+
+@rule(aten.slice.Tensor)
+def slice_(ctx, node):
+    x = node.args[0]
+    s, shape = ctx.sh(x), ctx.shape(x)
+    dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, len(shape))
+    out_shape = node.meta["tensor"].shape
+    if s.dims[dim] and out_shape[dim] != shape[dim]:
+        s = unshard_dims(s, [dim])
+    return Decision({0: s}, s)
+
+
+@rule(aten.select.int)
+def select(ctx, node):
+    x = node.args[0]
+    s = ctx.sh(x)
+    dim = norm_dim(node.args[1], len(s.dims))
+    s = unshard_dims(s, [dim])
+    out = Sharding(s.dims[:dim] + s.dims[dim + 1 :], s.partial)
+    return Decision({0: s}, out)
+
+
+@rule(aten.split_with_sizes.default, aten.split.Tensor)
+def split(ctx, node):
+    x = node.args[0]
+    s = ctx.sh(x)
+    dim = norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(s.dims))
+    s = unshard_dims(s, [dim])
+    return Decision({0: s}, tuple(s for _ in node.meta["tensor"]))
+
+
+@rule(aten.cat.default)
+def cat(ctx, node):
+    tensors = node.args[0]
+    nd = out_ndim(node)
+    dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, nd)
+    first = unshard_dims(drop_partial(ctx.sh(tensors[0])), [dim])
+    return Decision({(0, j): first for j in range(len(tensors))}, first)

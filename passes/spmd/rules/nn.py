@@ -1,0 +1,218 @@
+"""nn ops: softmax, norms and their backward, attention and its backward, embedding and its
+backward, nll_loss."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.fx
+
+from portable.ir.sharding import Sharding
+
+from .base import (
+    Decision,
+    drop_partial,
+    norm_dim,
+    replicate_all,
+    replicated_like,
+    rule,
+    unshard_dims,
+)
+
+aten = torch.ops.aten
+portable_ops = torch.ops.portable
+
+
+@rule(aten._softmax.default, aten._log_softmax.default)
+def softmax(ctx, node):
+    s = drop_partial(ctx.sh(node.args[0]))
+    s = unshard_dims(s, [norm_dim(node.args[1], len(s.dims))])
+    return Decision({0: s}, s)
+
+
+@rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
+def softmax_backward(ctx, node):
+    s = drop_partial(ctx.sh(node.args[1]))
+    s = unshard_dims(s, [norm_dim(node.args[2], len(s.dims))])
+    return Decision({0: s, 1: s}, s)
+
+
+def _norm_input(ctx, x, nnorm: int) -> Sharding:
+    s = drop_partial(ctx.sh(x))
+    nd = len(s.dims)
+    return unshard_dims(s, list(range(nd - nnorm, nd)))
+
+
+def _stats(s: Sharding, nnorm: int) -> Sharding:
+    nd = len(s.dims)
+    return Sharding(s.dims[: nd - nnorm] + ((),) * nnorm)
+
+
+def _leading_partial(s: Sharding, ndim: int) -> Sharding:
+    """A per-feature gradient summed over the leading (batch) dims: partial over their axes."""
+    return Sharding(((),) * ndim, tuple(sorted((a, "sum") for a in s.axes())))
+
+
+def _replicated_args(ctx, node, positions) -> dict:
+    return {
+        i: replicated_like(ctx, node.args[i])
+        for i in positions
+        if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+    }
+
+
+@rule(aten.native_layer_norm.default)
+def native_layer_norm(ctx, node):
+    nnorm = len(node.args[1])
+    s = _norm_input(ctx, node.args[0], nnorm)
+    return Decision(
+        {0: s, **_replicated_args(ctx, node, (2, 3))}, (s, _stats(s, nnorm), _stats(s, nnorm))
+    )
+
+
+@rule(aten.native_layer_norm_backward.default)
+def native_layer_norm_backward(ctx, node):
+    nnorm = len(node.args[2])
+    s = _norm_input(ctx, node.args[1], nnorm)
+    inputs = {0: s, 1: s, 3: _stats(s, nnorm), 4: _stats(s, nnorm)}
+    inputs.update(_replicated_args(ctx, node, (5, 6)))
+    outs = []
+    for i, meta in enumerate(node.meta["tensor"]):
+        if meta is None:
+            outs.append(None)
+        elif i == 0:
+            outs.append(s)
+        else:
+            outs.append(_leading_partial(s, len(meta.shape)))
+    return Decision(inputs, tuple(outs))
+
+
+@rule(portable_ops.layer_norm.default)
+def layer_norm(ctx, node):
+    s = _norm_input(ctx, node.args[0], len(node.args[1]))
+    return Decision({0: s, **_replicated_args(ctx, node, (2, 3))}, s)
+
+
+@rule(portable_ops.rms_norm.default)
+def rms_norm(ctx, node):
+    s = _norm_input(ctx, node.args[0], len(node.args[1]))
+    return Decision({0: s, **_replicated_args(ctx, node, (2,))}, s)
+
+
+@rule(portable_ops.rms_norm_backward.default)
+def rms_norm_backward(ctx, node):
+    s = _norm_input(ctx, node.args[1], len(node.args[2]))
+    w = node.args[3] if len(node.args) > 3 else None
+    inputs = {0: s, 1: s, **_replicated_args(ctx, node, (3,))}
+    wmeta = node.meta["tensor"][1]
+    dw = (
+        _leading_partial(s, len(wmeta.shape))
+        if isinstance(w, torch.fx.Node)
+        else Sharding.replicated(len(wmeta.shape))
+    )
+    return Decision(inputs, (s, dw))
+
+
+def _attention_sharding(ctx, q, k) -> Sharding:
+    """Batch (0) and head (1) dims may be split; sequence and head_dim stay whole. GQA: k/v have
+    fewer heads, so heads stay split only if that count divides too."""
+    s = drop_partial(ctx.sh(q))
+    s = unshard_dims(s, [2, 3])
+    if s.dims[1]:
+        factor = s.factor(ctx.mesh, 1)
+        if ctx.shape(k)[1] % factor:
+            s = unshard_dims(s, [1])
+    return s
+
+
+def _mask_sharding(ctx, mask, s: Sharding, full: Sequence[int]) -> Sharding:
+    shape = ctx.shape(mask)
+    off = len(full) - len(shape)
+    dims = tuple(
+        s.dims[d + off] if (d + off < 2 and shape[d] == full[d + off]) else ()
+        for d in range(len(shape))
+    )
+    return Sharding(dims)
+
+
+@rule(portable_ops.attention.default)
+def attention(ctx, node):
+    q, k, v = node.args[:3]
+    s = _attention_sharding(ctx, q, k)
+    inputs = {0: s, 1: s, 2: s}
+    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("mask")
+    if isinstance(mask, torch.fx.Node):
+        key = 3 if len(node.args) > 3 else "mask"
+        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:2] + ctx.shape(k)[2:3])
+    return Decision(inputs, s)
+
+
+@rule(portable_ops.attention_backward.default)
+def attention_backward(ctx, node):
+    grad, q, k, v = node.args[:4]
+    s = _attention_sharding(ctx, q, k)
+    inputs = {0: s, 1: s, 2: s, 3: s}
+    mask = node.args[4] if len(node.args) > 4 else node.kwargs.get("mask")
+    if isinstance(mask, torch.fx.Node):
+        key = 4 if len(node.args) > 4 else "mask"
+        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:2] + ctx.shape(k)[2:3])
+    return Decision(inputs, (s, s, s))
+
+
+@rule(aten.embedding.default)
+def embedding(ctx, node):
+    """A table split on the vocabulary over one axis is looked up on the shard (the walker's
+    masked lookup: ids outside the shard give zeros, the result is a partial sum over the axis);
+    otherwise the vocabulary dim is gathered first."""
+    weight, indices = node.args[:2]
+    ws = drop_partial(ctx.sh(weight))
+    xs = drop_partial(ctx.sh(indices))
+    used = set(xs.axes())
+    if used & set(ws.dims[1]):
+        ws = unshard_dims(ws, [1])
+    if len(ws.dims[0]) == 1 and not used & set(ws.dims[0]) and not ws.dims[1]:
+        (axis,) = ws.dims[0]
+        out = Sharding(xs.dims + ((),), ((axis, "sum"),))
+        return Decision({0: ws, 1: xs}, out, args={"vocab_parallel": axis})
+    ws = unshard_dims(ws, [0])
+    return Decision({0: ws, 1: xs}, Sharding(xs.dims + (ws.dims[1],)))
+
+
+@rule(aten.embedding_dense_backward.default)
+def embedding_dense_backward(ctx, node):
+    grad, indices = node.args[:2]
+    xs = drop_partial(ctx.sh(indices))
+    gs = drop_partial(ctx.sh(grad))
+    last = gs.dims[-1] if not (set(gs.dims[-1]) & set(xs.axes())) else ()
+    g_req = Sharding(xs.dims + (last,))
+    out = Sharding(((), last), tuple(sorted((a, "sum") for a in xs.axes())))
+    return Decision({0: g_req, 1: xs}, out)
+
+
+@rule(aten.nll_loss_forward.default)
+def nll_loss_forward(ctx, node):
+    """Only reduction=sum splits (the pass rewrites mean as sum / total_weight first)."""
+    x, target = node.args[:2]
+    reduction = node.args[3] if len(node.args) > 3 else 1
+    if reduction != 2 or (len(node.args) > 2 and isinstance(node.args[2], torch.fx.Node)):
+        return replicate_all(ctx, node)
+    xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
+    ts = Sharding(xs.dims[:-1])
+    partial = tuple(sorted((a, "sum") for a in xs.axes()))
+    return Decision({0: xs, 1: ts}, (Sharding((), partial), Sharding((), partial)))
+
+
+@rule(aten.nll_loss_backward.default)
+def nll_loss_backward(ctx, node):
+    grad, x, target, weight, reduction, ignore, total = node.args[:7]
+    if isinstance(weight, torch.fx.Node) or reduction == 0:
+        return replicate_all(ctx, node)
+    xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
+    inputs = {
+        0: replicated_like(ctx, grad),
+        1: xs,
+        2: Sharding(xs.dims[:-1]),
+        6: replicated_like(ctx, total),
+    }
+    return Decision(inputs, xs)

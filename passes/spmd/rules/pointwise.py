@@ -1,0 +1,220 @@
+"""Pointwise ops (broadcasting, partial sums through linear ops, sequence parallelism) and
+reductions."""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.fx
+
+from portable.ir.sharding import Sharding
+
+from .base import (
+    Decision,
+    RuleContext,
+    drop_partial,
+    norm_dim,
+    out_ndim,
+    rule,
+    tensor_args,
+)
+
+aten = torch.ops.aten
+portable_ops = torch.ops.portable
+
+
+_LINEAR_UNARY = {aten.neg.default, aten.clone.default, aten.alias.default}
+_ADDITIVE = {aten.add.Tensor, aten.sub.Tensor}
+_MULTIPLICATIVE = {aten.mul.Tensor}
+_DIVISION = {aten.div.Tensor}
+
+
+def _linear_partial(ctx: RuleContext, node: torch.fx.Node, partial_keys, ops) -> bool:
+    """Whether a partial value over one axis may flow through `node` unreduced."""
+    if len(set(ops)) != 1 or ops[0] not in ("sum", "avg"):
+        return False
+    tensors = tensor_args(node)
+    keys = [k for k, _ in tensors]
+    if any(len(a.users) > 1 for k, a in tensors if k in partial_keys):
+        return False  # reduce a shared partial value once, not once per linear consumer
+    if node.target in _LINEAR_UNARY:
+        return True
+    if node.target is aten._to_copy.default:
+        src = ctx.dtype(tensors[0][1])
+        dst = node.kwargs.get("dtype", src)
+        return dst.is_floating_point and dst.itemsize >= src.itemsize
+    if node.target in _ADDITIVE:
+        return len(partial_keys) == len(keys) == 2 and node.kwargs.get("alpha", 1) == 1
+    if node.target in _MULTIPLICATIVE:
+        return len(partial_keys) == 1
+    if node.target in _DIVISION:
+        return partial_keys == [keys[0]]
+    return False
+
+
+def pointwise(ctx: RuleContext, node: torch.fx.Node, *, keep_partial: bool = True) -> Decision:
+    """Broadcasting n-ary elementwise op: inputs aligned from the right; a dim split on any input
+    is split on the output (replicated inputs are sliced locally, broadcast dims stay whole)."""
+    tensors = tensor_args(node)
+    nd = out_ndim(node)
+    oshape = node.meta["tensor"].shape
+    target: list[tuple[str, ...]] = [() for _ in range(nd)]
+    used: set[str] = set()
+    for _, arg in tensors:
+        s, shape = ctx.sh(arg), ctx.shape(arg)
+        off = nd - len(shape)
+        for d, axes in enumerate(s.dims):
+            if not axes or target[d + off] or used & set(axes):
+                continue
+            if shape[d] != oshape[d + off]:
+                continue
+            target[d + off] = axes
+            used |= set(axes)
+    partial: dict[str, str] = {}
+    if keep_partial:
+        for axis in ctx.mesh.names:
+            if axis in used:
+                continue
+            pkeys = [k for k, a in tensors if ctx.sh(a).partial_op(axis)]
+            if not pkeys:
+                continue
+            ops = [ctx.sh(a).partial_op(axis) for k, a in tensors if k in pkeys]
+            if _linear_partial(ctx, node, pkeys, ops):
+                partial[axis] = ops[0]
+            elif _sequence_split(ctx, axis, oshape, target):
+                # sequence parallelism: reduce-scatter the partial sum onto the sequence dim
+                # instead of all-reducing it; token-wise ops then run on a slice of the sequence
+                target[1] = target[1] + (axis,)
+                used.add(axis)
+    out = Sharding(tuple(target), tuple(sorted(partial.items())))
+    inputs = {}
+    for key, arg in tensors:
+        shape = ctx.shape(arg)
+        off = nd - len(shape)
+        dims = tuple(
+            target[d + off] if shape[d] == oshape[d + off] else () for d in range(len(shape))
+        )
+        keep = {a: op for a, op in partial.items() if ctx.sh(arg).partial_op(a)}
+        inputs[key] = Sharding(dims, tuple(sorted(keep.items())))
+    return Decision(inputs, out)
+
+
+def _sequence_split(ctx: RuleContext, axis: str, oshape, target) -> bool:
+    """Whether a [batch, seq, hidden] activation may be split on seq over `axis`."""
+    if ctx.sequence_parallel != axis or len(oshape) != 3:
+        return False
+    factor = math.prod(ctx.mesh.axis_size(a) for a in (*target[1], axis))
+    return oshape[1] % factor == 0
+
+
+_POINTWISE = [
+    aten.add.Tensor,
+    aten.sub.Tensor,
+    aten.mul.Tensor,
+    aten.div.Tensor,
+    aten.neg.default,
+    aten.clone.default,
+    aten._to_copy.default,
+    aten.addcmul.default,
+    aten.addcdiv.default,
+    aten.pow.Scalar,
+    aten.pow.Tensor_Scalar,
+    aten.pow.Tensor_Tensor,
+    aten.reciprocal.default,
+    aten.rsub.Scalar,
+    aten.sqrt.default,
+    aten.rsqrt.default,
+    aten.lerp.Scalar,
+    aten.lerp.Tensor,
+    aten.gelu.default,
+    aten.gelu_backward.default,
+    aten.silu.default,
+    aten.silu_backward.default,
+    aten.relu.default,
+    aten.threshold_backward.default,
+    aten.sigmoid.default,
+    aten.sigmoid_backward.default,
+    aten.tanh.default,
+    aten.tanh_backward.default,
+    aten.exp.default,
+    aten.log.default,
+    aten.abs.default,
+    aten.sin.default,
+    aten.cos.default,
+    aten.bitwise_not.default,
+    aten.bitwise_and.Tensor,
+    aten.bitwise_or.Tensor,
+    aten.logical_not.default,
+    aten.eq.Scalar,
+    aten.eq.Tensor,
+    aten.ne.Scalar,
+    aten.gt.Scalar,
+    aten.lt.Scalar,
+    aten.ge.Scalar,
+    aten.le.Scalar,
+    aten.where.self,
+    aten.maximum.default,
+    aten.minimum.default,
+    aten.clamp.default,
+    aten.masked_fill.Scalar,
+    aten.sign.default,
+    aten.erf.default,
+]
+rule(*_POINTWISE)(pointwise)
+
+
+@rule(aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
+def like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
+    s = drop_partial(ctx.sh(node.args[0]))
+    return Decision({0: ctx.sh(node.args[0])}, s)
+
+
+# --------------------------------------------------------------------------- reductions
+
+
+def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind: str) -> Decision:
+    x = node.args[0]
+    s = ctx.sh(x)
+    nd = len(ctx.shape(x))
+    rdims = set(range(nd)) if dims is None or len(dims) == 0 else {norm_dim(d, nd) for d in dims}
+    # partial inputs stay partial only through a sum
+    want_in = s if kind == "sum" else drop_partial(s)
+    partial = dict(want_in.partial)
+    out_dims = []
+    for d in range(nd):
+        if d in rdims:
+            for a in s.dims[d]:
+                partial[a] = kind
+            if keepdim:
+                out_dims.append(())
+        else:
+            out_dims.append(s.dims[d])
+    return Decision({0: want_in}, Sharding(tuple(out_dims), tuple(sorted(partial.items()))))
+
+
+@rule(aten.sum.dim_IntList)
+def sum_dim(ctx, node):
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    return _reduction(ctx, node, dims, keep, "sum")
+
+
+@rule(aten.sum.default)
+def sum_all(ctx, node):
+    return _reduction(ctx, node, None, False, "sum")
+
+
+@rule(aten.mean.dim)
+def mean_dim(ctx, node):
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    return _reduction(ctx, node, dims, keep, "avg")
+
+
+@rule(aten.amax.default, aten.amin.default)
+def amax(ctx, node):
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", [])
+    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    kind = "max" if node.target is aten.amax.default else "min"
+    return _reduction(ctx, node, dims, keep, kind)

@@ -5,7 +5,7 @@ Every rank runs the same per-rank program on its local shards. The pass
 1. gives each input the sharding the plan asks for (`spmd/layouts.py`: specs and rules per
    parameter, FSDP over a data axis, the batch split over data axes, optimizer state following
    its parameter);
-2. walks the graph in order and, per op, asks its sharding rule (`spmd/rules.py`) which shardings
+2. walks the graph in order and, per op, asks its sharding rule (`spmd/rules/`) which shardings
    the inputs must have and which the result gets; the collectives that bring an input to the
    required sharding are inserted before the op (`spmd/redistribute.py`), each followed by its
    own `portable.wait`; size arguments become local sizes;

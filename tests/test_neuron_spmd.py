@@ -230,6 +230,41 @@ def test_validator_accepts_the_rank_input_and_refuses_replica_id(tmp_path):
     assert [f.code for f in check(wrong_type)] == ["rank-parameter-type"]
 
 
+def test_portable_check_accepts_the_per_rank_output_lower_just_validated(tmp_path, capsys):
+    """`portable lower ARCHIVE -t neuron:trn3` of a per-rank program with a rank input, then
+    `portable check` of that output: the rank input and replica groups are checked in the same
+    context as when lowering (was: "HLO has 4 parameters for 3 signature inputs", exit 6)."""
+    from portable.cli import ExitCode, main
+
+    program, _, _ = tp_mlp_program()
+    archive = program.save(tmp_path / "tp_mlp.portable")
+    out = tmp_path / "out"
+    assert main(["lower", str(archive), "-t", "neuron:trn3", "-o", str(out), "-q"]) == 0
+    capsys.readouterr()
+    assert main(["check", str(out), "--strict", "--json"]) == ExitCode.OK
+    doc = json.loads(capsys.readouterr().out)
+    assert (doc["errors"], doc["warnings"]) == (0, 0), doc
+    # the rank input is still checked: an HLO whose rank input is not s32[] is refused
+    hlo_text = out / "neuron_trn3" / "programs" / "tp_mlp" / "model" / "graph.hlo.txt"
+    proto = out / "neuron_trn3" / "programs" / "tp_mlp" / "model" / "graph.hlo"
+    from portable.backends.neuron.hlo import proto_from_text
+
+    proto.write_bytes(
+        proto_from_text(
+            re.sub(
+                r"(%rank_id\S*) = s32\[\] parameter\(3\)",
+                r"\1 = s64[] parameter(3)",
+                hlo_text.read_text(),
+            )
+        )
+    )
+    assert main(["check", str(out), "--json"]) == ExitCode.CHECK_FINDINGS
+    codes = {
+        f["code"] for p in json.loads(capsys.readouterr().out)["programs"] for f in p["findings"]
+    }
+    assert "rank-parameter-type" in codes
+
+
 def test_validator_checks_replica_groups(tmp_path):
     program, _, _ = tp_mlp_program()
     payload = portable.lower(program, "neuron").payload  # NeuronLowered

@@ -61,13 +61,13 @@ class NeuronBackend(Backend):
         if self.options.fp64 == "downcast":
             lowered_program, changed = downcast_fp64(program)
             notes = _fp64_findings(lowered_program, changed)
-        layout, records = None, []
-        if _is_per_rank(program):
+        from .collectives import ReplicaGroupCollectives, rank_axes, rank_layout
+
+        records = []
+        layout = rank_layout(program)
+        if layout is not None:
             # one HLO for every rank: replica groups of NxD ranks, the rank as an int32 input
             # when a collective needs its coordinate
-            from .collectives import RankLayout, ReplicaGroupCollectives, rank_axes
-
-            layout = RankLayout.of(_mesh(program))
             records.append(
                 self._lower_one(
                     program,
@@ -100,25 +100,21 @@ class NeuronBackend(Backend):
         from .emit import lower_to_hlo
         from .hlo import parse_hlo_text, proto_to_text
         from .iospec import io_spec
-        from .memory import estimate_memory
-        from .validate import check_findings, validate
+        from .validate import check_findings, validate_lowered
 
         hlo = lower_to_hlo(lowered_program, self.platform, collectives, rank_input=bool(axes))
         text = proto_to_text(hlo.proto)  # read back from the bytes that are written
         module = parse_hlo_text(text)
         kept = hlo.kept
-        memory = estimate_memory(lowered_program, module, ntarget, kept)
-        layout = collectives.layout if collectives is not None else None
-        checked = validate(
+        checked, memory = validate_lowered(
             module,
             ntarget,
             self.options,
-            program=lowered_program,
+            lowered_program,
             kept=kept,
-            memory=memory,
-            ranks=layout,
             rank_parameter=hlo.rank_parameter,
         )
+        layout = collectives.layout if collectives is not None else None
         findings = merge(notes + checked)
         check_findings(findings, program=program.name, target=f"neuron:{ntarget.name}")
         return NeuronProgram(
@@ -163,19 +159,6 @@ class NeuronBackend(Backend):
             fix="compile and run the written artifacts on a Trn host (scripts/compile.sh; "
             "docs/backends/neuron.md)",
         )
-
-
-def _is_per_rank(program: Program) -> bool:
-    from portable.ir.plan import Mesh
-
-    spmd = program.metadata.get("spmd")
-    return bool(spmd) and Mesh(spmd["mesh"]).size > 1
-
-
-def _mesh(program: Program):
-    from portable.ir.plan import Mesh
-
-    return Mesh(program.metadata["spmd"]["mesh"])
 
 
 def _fp64_findings(program: Program, changed: list[str]) -> list[Finding]:

@@ -35,6 +35,7 @@ import torch.fx
 
 from portable.errors import PlanError
 from portable.ir.plan import Mesh
+from portable.ir.program import Program
 from portable.ir.sharding import coords_of
 
 from .targets import NeuronTarget
@@ -45,6 +46,7 @@ __all__ = [
     "ReplicaGroupCollectives",
     "RANK_INPUT",
     "rank_axes",
+    "rank_layout",
 ]
 
 ROLES = ("PP", "DP", "CP", "TP")  # NxD grid order, major to minor
@@ -60,6 +62,15 @@ _ROLE_OF = {
     "tp": "TP",
     "mp": "TP",
 }
+
+
+def rank_layout(program: Program) -> RankLayout | None:
+    """The rank layout of a per-rank program (metadata["spmd"] over a mesh of more than one
+    device); None for a single-device program."""
+    spmd = program.metadata.get("spmd")
+    if not spmd or Mesh(spmd["mesh"]).size <= 1:
+        return None
+    return RankLayout.of(Mesh(spmd["mesh"]))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -24,7 +24,7 @@ from portable.ir.signature import InputSpec, TensorSpec
 from .findings import Finding, Locator, NeuronValidationError, Severity, merge
 from .hlo import HloModule, Instruction
 from .loops import constant_trip_count
-from .memory import MemoryEstimate
+from .memory import MemoryEstimate, estimate_memory
 from .options import NeuronOptions
 from .targets import NeuronTarget
 from .validate_collectives import COLLECTIVES, collectives
@@ -36,6 +36,7 @@ __all__ = [
     "COLLECTIVES",
     "check_findings",
     "validate",
+    "validate_lowered",
 ]
 
 ALLOWED_OPCODES = frozenset(
@@ -157,6 +158,35 @@ def validate(
         rank_parameter,
     )
     return merge(f for check in CHECKS for f in check(ctx))
+
+
+def validate_lowered(
+    module: HloModule,
+    target: NeuronTarget,
+    options: NeuronOptions,
+    program: Program,
+    *,
+    kept: Sequence[int] | None = None,
+    rank_parameter: int | None = None,
+) -> tuple[list[Finding], MemoryEstimate]:
+    """`validate` in the context a lowering produced `module` in: `program` as lowered (after
+    the fp64 downcast), its HBM estimate, and for a per-rank program its rank layout and rank
+    input. The one place that context is built: the neuron backend validates every lowering
+    with it, and `portable check` re-validates written artifacts with it."""
+    from .collectives import rank_layout
+
+    memory = estimate_memory(program, module, target, kept)
+    findings = validate(
+        module,
+        target,
+        options,
+        program=program,
+        kept=kept,
+        memory=memory,
+        ranks=rank_layout(program),
+        rank_parameter=rank_parameter,
+    )
+    return findings, memory
 
 
 def check_findings(findings: list[Finding], *, program: str, target: str) -> None:

@@ -168,13 +168,13 @@ def _validate_written(
 ) -> list[Finding]:
     """The validator on a written graph.hlo, in the backend's context: the recorded target and
     options, and (when the archive matches) the program as lowered, its kept inputs and memory
-    estimate. Mirrors NeuronBackend.lower's validation."""
+    estimate, and a per-rank program's rank layout and rank input (`validate_lowered`, the
+    context NeuronBackend.lower validates in)."""
     from ..backends.neuron.fp64 import downcast_fp64
     from ..backends.neuron.hlo import module_from_proto
-    from ..backends.neuron.memory import estimate_memory
     from ..backends.neuron.options import NeuronOptions
     from ..backends.neuron.targets import resolve_target
-    from ..backends.neuron.validate import validate
+    from ..backends.neuron.validate import validate, validate_lowered
 
     try:
         module = module_from_proto(proto)
@@ -192,9 +192,8 @@ def _validate_written(
         return validate(module, target, options)
     if options.fp64 == "downcast":
         program, _ = downcast_fp64(program)
-    kept = _kept(program, record)
-    memory = estimate_memory(program, module, target, kept)
-    return validate(module, target, options, program=program, kept=kept, memory=memory)
+    kept, rank = _kept(program, record), _rank_parameter(record)
+    return validate_lowered(module, target, options, program, kept=kept, rank_parameter=rank)[0]
 
 
 def _kept(program: Program, record: dict[str, Any]) -> list[int] | None:
@@ -204,6 +203,14 @@ def _kept(program: Program, record: dict[str, Any]) -> list[int] | None:
         return None
     index = {spec.name: k for k, spec in enumerate(program.signature.inputs)}
     return [index[i["name"]] for i in inputs if i.get("name") in index]
+
+
+def _rank_parameter(record: dict[str, Any]) -> int | None:
+    """The HLO parameter number of a per-rank program's int32 rank input (io spec role "rank"),
+    or None when the program takes none."""
+    inputs = record.get("io_spec", {}).get("inputs") or []
+    ranks = [i.get("index") for i in inputs if isinstance(i, dict) and i.get("role") == "rank"]
+    return ranks[0] if len(ranks) == 1 and isinstance(ranks[0], int) else None
 
 
 def _command_findings(program_dir: Path, variant: str | None) -> list[Finding]:

@@ -3,7 +3,8 @@
 Pipeline (each stage in its own module):
 1. `torch.export.export` (non-strict) of the model, or of a wrapper that returns
    `loss_fn(model, *batch)` for a training step                          -> training IR
-2. `portable_ops`: attention / layer_norm / rms_norm become `portable::` ops
+2. `complex_pairs`: complex values become real pairs (rotary embeddings written with complex
+   numbers); `portable_ops`: attention / layer_norm / rms_norm become `portable::` ops
 3. decomposition to core ATen; for training AOT autograd's joint graph adds the backward
 4. `build`: signature, weights and per-node source/shape metadata       -> Program
 5. `training`: the optimizer update is traced and spliced in (training steps only)
@@ -26,9 +27,11 @@ from ..ir.source import from_fx_meta
 from ..optim import as_optimizer
 from ..torch_compat import quiet_internal_warnings
 from .build import annotate, to_program
+from .complex_pairs import lower_complex
 from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file
+from .known_constructs import explain, refuse_known_ops
 from .portable_ops import rewrite_to_portable_ops
 from .recompose import recompose
 from .sources import restore_sources
@@ -77,12 +80,20 @@ def capture(
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
     name = name or type(model).__name__
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
-    with quiet_internal_warnings():
-        program = _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options)
-    if plan is not None:
-        plan.validate(program.tensor_shapes())
-        program.plan = plan
-    _verify(program)
+    try:
+        with quiet_internal_warnings():
+            program = _capture(
+                model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options
+            )
+        if plan is not None:
+            plan.validate(program.tensor_shapes())
+            program.plan = plan
+        _verify(program)
+    except CaptureError as exc:
+        explained = explain(exc, model)  # a known construct's remedy (e.g. HF experts)
+        if explained is exc:
+            raise
+        raise explained from exc
     return program
 
 
@@ -161,9 +172,12 @@ def _export(module, args, kwargs, dynamic_shapes, phase: str):
 
 
 def _portable_ops(ep, strip_prefix: str) -> None:
-    rewrite_to_portable_ops(
-        ep.graph_module, lambda node: from_fx_meta(node.meta, is_user_file, strip_prefix)
-    )
+    def source_of(node):
+        return from_fx_meta(node.meta, is_user_file, strip_prefix)
+
+    refuse_known_ops(ep.graph_module, source_of)
+    lower_complex(ep, source_of)
+    rewrite_to_portable_ops(ep.graph_module, source_of)
 
 
 def _untie(ep, strip_prefix: str):

@@ -3,7 +3,9 @@
     partial -> replicated       all_reduce            (then wait)
     partial -> split on dim d   reduce_scatter(d)     (when d's minor-most axis is the partial one)
     split   -> replicated       all_gather(d)         (minor-most axis first)
-    replicated -> split         local_shard(d)        (no communication)
+    replicated -> split         local_shard(d)        (no communication), or the value
+                                                      recomputed at the local size when its
+                                                      producers allow (`localize.py`)
 
 Every collective is followed by its own `portable.wait`. Results are cached per (value, target),
 so a value gathered for the forward is reused by every later consumer.
@@ -21,6 +23,8 @@ import torch.fx
 from portable.errors import PassError
 from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding
+
+from .localize import localize
 
 __all__ = ["Collective", "Redistributor"]
 
@@ -62,6 +66,11 @@ class Redistributor:
         key = (value, want)
         if key in self._cache:
             return self._cache[key]
+        if _refines(have, want):
+            local = localize(self, value, want, before)
+            if local is not None:
+                self._cache[key] = local
+                return local
         shape = self.global_shape[value]
         dims = [list(d) for d in have.dims]
         partial = dict(have.partial)
@@ -114,6 +123,14 @@ class Redistributor:
         self._cache[key] = node
         return node
 
+    def record(
+        self, node: torch.fx.Node, sharding: Sharding, shape: tuple[int, ...], dtype: torch.dtype
+    ) -> None:
+        """Register a node this pass created: its sharding, global shape and dtype."""
+        self.sharding[node] = sharding
+        self.global_shape[node] = shape
+        self.dtype[node] = dtype
+
     # ------------------------------------------------------------------------------ helpers
 
     def _emit(self, op, value, shape, dims, partial, axis, **kw) -> torch.fx.Node:
@@ -156,10 +173,15 @@ class Redistributor:
             after_dims[kw["dim"]].append(axis)
         after = Sharding(tuple(tuple(d) for d in after_dims), tuple(sorted(after_partial.items())))
         for n in {call, result}:
-            self.sharding[n] = after
-            self.global_shape[n] = shape
-            self.dtype[n] = dtype
+            self.record(n, after, shape, dtype)
         return result
+
+
+def _refines(have: Sharding, want: Sharding) -> bool:
+    """Whether `want` only adds splits to `have` (neither partial)."""
+    if have.partial or want.partial or have == want:
+        return False
+    return all(w[: len(h)] == h for h, w in zip(have.dims, want.dims, strict=True))
 
 
 def _common_prefix(a, b) -> int:

@@ -21,6 +21,7 @@ __all__ = [
     "Key",
     "RuleContext",
     "drop_partial",
+    "merged_dims",
     "norm_dim",
     "out_ndim",
     "replicate_all",
@@ -129,6 +130,22 @@ def norm_dim(d: int, ndim: int) -> int:
 
 def drop_partial(s: Sharding) -> Sharding:
     return Sharding(s.dims)
+
+
+def merged_dims(
+    shardings: Sequence[Sharding], whole: Sequence[int] = ()
+) -> tuple[tuple[str, ...], ...]:
+    """Per dim, the split of the first of `shardings` (all of one rank) that splits it, each axis
+    used once; the dims in `whole` stay whole. Ops that take several same-shaped tensors (cat,
+    slice_scatter) split where any input is split; replicated inputs are then sliced locally."""
+    dims: list[tuple[str, ...]] = [() for _ in shardings[0].dims]
+    used: set[str] = set()
+    for s in shardings:
+        for d, axes in enumerate(s.dims):
+            if axes and not dims[d] and d not in whole and not used & set(axes):
+                dims[d] = axes
+                used |= set(axes)
+    return tuple(dims)
 
 
 def unshard_dims(s: Sharding, dims: Sequence[int]) -> Sharding:

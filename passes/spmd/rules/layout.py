@@ -1,4 +1,5 @@
-"""Layout ops: transposes, reshapes (dim groups), expand, slice, select, split, cat."""
+"""Layout ops: transposes, reshapes (dim groups), expand, slice, select, split, cat, the scatters
+of a slice or a selection, advanced indexing."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from portable.ir.sharding import Sharding
 from .base import (
     Decision,
     drop_partial,
+    merged_dims,
     norm_dim,
     out_ndim,
     replicate_all,
@@ -49,7 +51,7 @@ def permute(ctx, node):
     return Decision({0: s}, Sharding(tuple(s.dims[d] for d in order), s.partial))
 
 
-def _groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
+def dim_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
     """Pair up runs of src dims and dst dims with equal products (a reshape's dim mapping)."""
     groups, i, j = [], 0, 0
     while i < len(src) or j < len(dst):
@@ -91,7 +93,7 @@ def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
     dims are gathered first. None when the dims do not group (then: full copies)."""
     x = node.args[0]
     s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
-    groups = _groups(src, dst)
+    groups = dim_groups(src, dst)
     if groups is None:
         return None
     in_dims = [list(d) for d in s.dims]
@@ -179,5 +181,60 @@ def cat(ctx, node):
     tensors = node.args[0]
     nd = out_ndim(node)
     dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, nd)
-    first = unshard_dims(drop_partial(ctx.sh(tensors[0])), [dim])
-    return Decision({(0, j): first for j in range(len(tensors))}, first)
+    s = Sharding(merged_dims([ctx.sh(t) for t in tensors], whole=[dim]))
+    return Decision({(0, j): s for j in range(len(tensors))}, s)
+
+
+@rule(aten.slice_scatter.default)
+def slice_scatter(ctx, node):
+    """x with a slice along `dim` replaced by src: split like either, `dim` whole."""
+    x, src = node.args[:2]
+    dim = norm_dim(node.args[2] if len(node.args) > 2 else 0, len(ctx.shape(x)))
+    s = Sharding(merged_dims([ctx.sh(x), ctx.sh(src)], whole=[dim]))
+    return Decision({0: s, 1: s}, s)
+
+
+@rule(aten.select_scatter.default)
+def select_scatter(ctx, node):
+    """x with x.select(dim, i) replaced by src (which lacks `dim`)."""
+    x, src, dim = node.args[:3]
+    dim = norm_dim(dim, len(ctx.shape(x)))
+    sx, ss = ctx.sh(x), ctx.sh(src)
+    widened = Sharding(ss.dims[:dim] + ((),) + ss.dims[dim:])
+    s = Sharding(merged_dims([sx, widened], whole=[dim]))
+    return Decision({0: s, 1: Sharding(s.dims[:dim] + s.dims[dim + 1 :])}, s)
+
+
+@rule(aten.index.Tensor)
+def index(ctx, node):
+    """x[i, j, ...] with leading index tensors: the output is the indices' broadcast shape, then
+    x's dims after the indexed ones. Indexed dims of x are whole (the indices are global
+    positions); the other dims of x and the indices' dims keep their splits."""
+    x, indices = node.args[:2]
+    if any(i is None for i in indices):
+        return replicate_all(ctx, node)
+    xs = drop_partial(ctx.sh(x))
+    k = len(indices)
+    rest = xs.dims[k:]
+    nb = out_ndim(node) - len(rest)
+    bshape = tuple(node.meta["tensor"].shape[:nb])
+    taken = {a for d in rest for a in d}
+    aligned = []
+    for i in indices:
+        shape, s = ctx.shape(i), drop_partial(ctx.sh(i))
+        off = nb - len(shape)
+        dims = [() for _ in range(nb)]
+        for d, axes in enumerate(s.dims):
+            if shape[d] == bshape[d + off] and not taken & set(axes):
+                dims[d + off] = axes
+        aligned.append(Sharding(tuple(dims)))
+    front = merged_dims(aligned) if aligned else ()
+    inputs = {0: Sharding(((),) * k + rest)}
+    for j, i in enumerate(indices):
+        shape = ctx.shape(i)
+        off = nb - len(shape)
+        dims = tuple(
+            front[d + off] if shape[d] == bshape[d + off] else () for d in range(len(shape))
+        )
+        inputs[(1, j)] = Sharding(dims)
+    return Decision(inputs, Sharding(front + rest))

@@ -13,6 +13,7 @@ from portable.ir.sharding import Sharding
 from .base import (
     Decision,
     drop_partial,
+    merged_dims,
     norm_dim,
     replicate_all,
     replicated_like,
@@ -144,7 +145,7 @@ def attention(ctx, node):
     mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("mask")
     if isinstance(mask, torch.fx.Node):
         key = 3 if len(node.args) > 3 else "mask"
-        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:2] + ctx.shape(k)[2:3])
+        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, s)
 
 
@@ -156,7 +157,7 @@ def attention_backward(ctx, node):
     mask = node.args[4] if len(node.args) > 4 else node.kwargs.get("mask")
     if isinstance(mask, torch.fx.Node):
         key = 4 if len(node.args) > 4 else "mask"
-        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:2] + ctx.shape(k)[2:3])
+        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, (s, s, s))
 
 
@@ -181,13 +182,17 @@ def embedding(ctx, node):
 
 @rule(aten.embedding_dense_backward.default)
 def embedding_dense_backward(ctx, node):
+    """grad [*ids, hidden] scattered into the table by ids: the ids' dims split like either the
+    gradient's or the ids' (the other is sliced to match), each rank's table gradient a partial
+    sum over those axes; the hidden dim keeps the gradient's split."""
     grad, indices = node.args[:2]
     xs = drop_partial(ctx.sh(indices))
     gs = drop_partial(ctx.sh(grad))
-    last = gs.dims[-1] if not (set(gs.dims[-1]) & set(xs.axes())) else ()
-    g_req = Sharding(xs.dims + (last,))
-    out = Sharding(((), last), tuple(sorted((a, "sum") for a in xs.axes())))
-    return Decision({0: g_req, 1: xs}, out)
+    lead = merged_dims([xs, Sharding(gs.dims[:-1])])
+    used = {a for d in lead for a in d}
+    last = gs.dims[-1] if not (set(gs.dims[-1]) & used) else ()
+    out = Sharding(((), last), tuple(sorted((a, "sum") for a in used)))
+    return Decision({0: Sharding(lead + (last,)), 1: Sharding(lead)}, out)
 
 
 @rule(aten.nll_loss_forward.default)

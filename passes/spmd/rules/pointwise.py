@@ -26,8 +26,8 @@ portable_ops = torch.ops.portable
 
 _LINEAR_UNARY = {aten.neg.default, aten.clone.default, aten.alias.default}
 _ADDITIVE = {aten.add.Tensor, aten.sub.Tensor}
-_MULTIPLICATIVE = {aten.mul.Tensor}
-_DIVISION = {aten.div.Tensor}
+_MULTIPLICATIVE = {aten.mul.Tensor, aten.mul.Scalar}
+_DIVISION = {aten.div.Tensor, aten.div.Scalar}
 
 
 def _linear_partial(ctx: RuleContext, node: torch.fx.Node, partial_keys, ops) -> bool:
@@ -108,13 +108,20 @@ def _sequence_split(ctx: RuleContext, axis: str, oshape, target) -> bool:
     return oshape[1] % factor == 0
 
 
-_POINTWISE = [
+ELEMENTWISE = (
     aten.add.Tensor,
+    aten.add.Scalar,
     aten.sub.Tensor,
+    aten.sub.Scalar,
     aten.mul.Tensor,
+    aten.mul.Scalar,
     aten.div.Tensor,
+    aten.div.Scalar,
+    aten.div.Tensor_mode,
     aten.neg.default,
     aten.clone.default,
+    aten.alias.default,
+    aten.lift_fresh_copy.default,
     aten._to_copy.default,
     aten.addcmul.default,
     aten.addcdiv.default,
@@ -146,22 +153,34 @@ _POINTWISE = [
     aten.bitwise_and.Tensor,
     aten.bitwise_or.Tensor,
     aten.logical_not.default,
+    aten.logical_and.default,
+    aten.logical_or.default,
     aten.eq.Scalar,
     aten.eq.Tensor,
     aten.ne.Scalar,
+    aten.ne.Tensor,
     aten.gt.Scalar,
+    aten.gt.Tensor,
     aten.lt.Scalar,
+    aten.lt.Tensor,
     aten.ge.Scalar,
+    aten.ge.Tensor,
     aten.le.Scalar,
+    aten.le.Tensor,
+    aten.isnan.default,
     aten.where.self,
     aten.maximum.default,
     aten.minimum.default,
     aten.clamp.default,
+    aten.clamp_min.default,
+    aten.clamp_max.default,
     aten.masked_fill.Scalar,
     aten.sign.default,
     aten.erf.default,
-]
-rule(*_POINTWISE)(pointwise)
+)
+"""Broadcasting elementwise ops: each output element is a function of the inputs' elements at
+the same (broadcast) position, so any dim may be split (`pointwise`, and `localize.py`)."""
+rule(*ELEMENTWISE)(pointwise)
 
 
 @rule(aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
@@ -170,7 +189,25 @@ def like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     return Decision({0: ctx.sh(node.args[0])}, s)
 
 
+@rule(aten.tril.default, aten.triu.default)
+def triangle(ctx: RuleContext, node: torch.fx.Node) -> Decision:
+    """The last two dims whole (the diagonal is global); leading dims keep their splits."""
+    s = drop_partial(ctx.sh(node.args[0]))
+    nd = len(s.dims)
+    s = Sharding(s.dims[: nd - 2] + ((), ()))
+    return Decision({0: s}, s)
+
+
 # --------------------------------------------------------------------------- reductions
+
+
+@rule(aten.cumsum.default)
+def cumsum(ctx: RuleContext, node: torch.fx.Node) -> Decision:
+    """A prefix sum along `dim`: that dim whole, the others keep their splits."""
+    s = drop_partial(ctx.sh(node.args[0]))
+    dim = norm_dim(node.args[1], len(s.dims))
+    s = Sharding(tuple(() if d == dim else a for d, a in enumerate(s.dims)))
+    return Decision({0: s}, s)
 
 
 def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind: str) -> Decision:

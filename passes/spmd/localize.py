@@ -1,0 +1,227 @@
+"""Replicated values computed at the local size where a consumer needs them split.
+
+A value no split input flows into is computed whole on every rank: a causal mask built from
+`arange`/`full`/`expand` sized by the global batch, the zeros a slice's backward scatters into.
+When a batch- or head-split consumer needs it split, slicing the finished value (`local_shard`)
+gives the right numbers but costs the global tensor on every rank, however many ranks share the
+batch. Instead the split is pushed to the value's producers, through identities of `chunk(., d)`
+(this rank's chunk of dim d):
+
+    chunk(full(sizes), d)              = full(sizes with dim d local)     also zeros, ones, empty
+    chunk(f(a, b), d)                  = f(chunk(a, d), chunk(b, d))      f elementwise; a dim an
+                                                                          input broadcasts stays
+    chunk(expand(x, sizes), d)         = expand(chunk(x, d), local sizes) x's dim d broadcast: x
+    chunk(unsqueeze(x, u), d)          = unsqueeze(chunk(x, d - (d > u)), u)
+    chunk(view(x, sizes), d)           = view(chunk(x, d'), local sizes)  d' leads d's dim group
+    chunk(slice(x, e, ...), d)         = slice(chunk(x, d), e, ...)       d != e; also cat
+    chunk(index(x, [i, j]), d)         = index(x, [chunk(i, d), chunk(j, d)])  d from the indices
+    chunk(embedding(w, ids), d)        = embedding(w, chunk(ids, d))      d < ids.ndim
+
+so every size argument becomes the local size and the value is born split. Where no identity
+applies (an `arange`, a parameter, a collective's result) the walk stops and that input is sliced
+with `local_shard`, which is exact: an `arange` of the global batch then holds this rank's global
+row indices, which is what an `index` into a replicated value needs. Values are only rewritten
+when they carry no partial sum; the replicated original stays for any consumer that needs it
+whole (dead code elimination removes it otherwise).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import torch
+import torch.fx
+
+from portable.errors import PlanError
+from portable.ir.sharding import Sharding
+
+from .rules.layout import dim_groups
+from .rules.pointwise import ELEMENTWISE
+
+if TYPE_CHECKING:
+    from .redistribute import Redistributor
+
+__all__ = ["localize"]
+
+aten = torch.ops.aten
+
+Dims = tuple[tuple[str, ...], ...]
+# (redistributor, value, wanted output dims, insert-before node) -> (args, kwargs) or None
+Handler = Callable[["Redistributor", torch.fx.Node, Dims, torch.fx.Node], Any]
+
+
+def localize(
+    red: Redistributor, value: torch.fx.Node, want: Sharding, before: torch.fx.Node
+) -> torch.fx.Node | None:
+    """`value` recomputed directly in sharding `want` (which only adds splits to its current,
+    partial-free sharding), inserted before `before`; None when no identity applies."""
+    handler = _HANDLERS.get(value.target)
+    if handler is None or want.partial or red.sharding[value].partial:
+        return None
+    if not _divides(red, want.dims, red.global_shape[value]):
+        return None  # left to local_shard, whose error explains the arithmetic
+    rewritten = handler(red, value, want.dims, before)
+    if rewritten is None:
+        return None
+    args, kwargs = rewritten
+    with red.graph.inserting_before(before):
+        node = red.graph.call_function(value.target, tuple(args), kwargs)
+    if "source" in value.meta:
+        node.meta["source"] = value.meta["source"]
+    red.record(node, want, red.global_shape[value], red.dtype[value])
+    return node
+
+
+# ---------------------------------------------------------------------------- helpers
+
+
+def _divides(red: Redistributor, dims: Sequence[Sequence[str]], shape) -> bool:
+    try:
+        Sharding(tuple(tuple(d) for d in dims)).local_shape(shape, red.mesh)
+    except PlanError:
+        return False
+    return True
+
+
+def _split(red: Redistributor, arg: Any, dims: Sequence[Sequence[str]], before) -> Any:
+    """`arg` (a node) in the sharding with `dims`; anything else unchanged."""
+    if not isinstance(arg, torch.fx.Node) or arg not in red.sharding:
+        return arg
+    return red.to(arg, Sharding(tuple(tuple(d) for d in dims)), before)
+
+
+def _aligned(red: Redistributor, arg: torch.fx.Node, out_shape, dims: Dims) -> list:
+    """The dims of `arg` under broadcasting to `out_shape` split as `dims` (aligned from the
+    right; a dim `arg` broadcasts stays whole)."""
+    shape = red.global_shape[arg]
+    off = len(out_shape) - len(shape)
+    return [dims[d + off] if shape[d] == out_shape[d + off] else () for d in range(len(shape))]
+
+
+def _local_sizes(red: Redistributor, value: torch.fx.Node, dims: Dims) -> list[int]:
+    return list(Sharding(dims).local_shape(red.global_shape[value], red.mesh))
+
+
+def _map_tensors(red, value, before, want_of: Callable[[torch.fx.Node], Any]):
+    """value's args and kwargs with every tensor argument brought to `want_of(arg)`."""
+
+    def one(arg):
+        if isinstance(arg, torch.fx.Node) and arg in red.sharding:
+            return _split(red, arg, want_of(arg), before)
+        if isinstance(arg, (list, tuple)):
+            return type(arg)(one(a) for a in arg)
+        return arg
+
+    return [one(a) for a in value.args], {k: one(v) for k, v in value.kwargs.items()}
+
+
+# ---------------------------------------------------------------------------- identities
+
+
+def _creation(red, value, dims, before):
+    # full(size, fill), zeros(size), ones(size), empty(size): the size argument is the first
+    return [_local_sizes(red, value, dims), *value.args[1:]], dict(value.kwargs)
+
+
+def _elementwise(red, value, dims, before):
+    out = red.global_shape[value]
+    return _map_tensors(red, value, before, lambda a: _aligned(red, a, out, dims))
+
+
+def _expand(red, value, dims, before):
+    x = value.args[0]
+    arg = _split(red, x, _aligned(red, x, red.global_shape[value], dims), before)
+    return [arg, _local_sizes(red, value, dims), *value.args[2:]], dict(value.kwargs)
+
+
+def _unsqueeze(red, value, dims, before):
+    x, u = value.args[:2]
+    u = u + len(dims) if u < 0 else u
+    if dims[u]:
+        return None
+    return [_split(red, x, dims[:u] + dims[u + 1 :], before), *value.args[1:]], dict(value.kwargs)
+
+
+def _view(red, value, dims, before):
+    """A split output dim must lead its group of merged/split dims (layout.dim_groups)."""
+    x = value.args[0]
+    src, dst = red.global_shape[x], red.global_shape[value]
+    groups = dim_groups(src, dst)
+    if groups is None:
+        return None
+    arg_dims: list[tuple[str, ...]] = [() for _ in src]
+    for gi, gj in groups:
+        split = [d for d in gj if dims[d]]
+        if not split:
+            continue
+        lead_i = next((d for d in gi if src[d] != 1), None)
+        lead_j = next((d for d in gj if dst[d] != 1), None)
+        if split != [lead_j] or lead_i is None:
+            return None
+        arg_dims[lead_i] = dims[lead_j]
+    if not _divides(red, arg_dims, src):
+        return None
+    arg = _split(red, x, arg_dims, before)
+    return [arg, _local_sizes(red, value, dims), *value.args[2:]], dict(value.kwargs)
+
+
+def _along(dim_arg: int, ndim: int) -> int:
+    return dim_arg + ndim if dim_arg < 0 else dim_arg
+
+
+def _slice(red, value, dims, before):
+    x = value.args[0]
+    dim = _along(value.args[1] if len(value.args) > 1 else 0, len(dims))
+    if dims[dim]:
+        return None
+    return [_split(red, x, dims, before), *value.args[1:]], dict(value.kwargs)
+
+
+def _cat(red, value, dims, before):
+    tensors = value.args[0]
+    dim = _along(value.args[1] if len(value.args) > 1 else 0, len(dims))
+    if dims[dim]:
+        return None
+    parts = [_split(red, t, dims, before) for t in tensors]
+    return [parts, *value.args[1:]], dict(value.kwargs)
+
+
+def _index(red, value, dims, before):
+    """x[i, j, ...] with leading index tensors (no `None` among them): the output's first dims
+    are the indices' broadcast shape, the rest are x's dims after the indexed ones."""
+    x, indices = value.args[:2]
+    if any(i is None for i in indices):
+        return None
+    nb = len(dims) - (len(red.global_shape[x]) - len(indices))
+    bshape = red.global_shape[value][:nb]
+    x_dims = [()] * len(indices) + list(dims[nb:])
+    if list(red.sharding[x].dims[: len(indices)]) != [()] * len(indices):
+        return None
+    arg = _split(red, x, x_dims, before)
+    parts = [_split(red, i, _aligned(red, i, bshape, dims[:nb]), before) for i in indices]
+    return [arg, parts, *value.args[2:]], dict(value.kwargs)
+
+
+def _embedding(red, value, dims, before):
+    weight, ids = value.args[:2]
+    if dims[-1] != red.sharding[value].dims[-1]:
+        return None
+    return [weight, _split(red, ids, dims[:-1], before), *value.args[2:]], dict(value.kwargs)
+
+
+_CREATION = (aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format)
+_LIKE = (aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
+_HANDLERS: dict[Any, Handler] = {
+    **dict.fromkeys(_CREATION, _creation),
+    **dict.fromkeys((*ELEMENTWISE, *_LIKE), _elementwise),
+    aten.expand.default: _expand,
+    aten.unsqueeze.default: _unsqueeze,
+    aten.view.default: _view,
+    aten._unsafe_view.default: _view,
+    aten.reshape.default: _view,
+    aten.slice.Tensor: _slice,
+    aten.cat.default: _cat,
+    aten.index.Tensor: _index,
+    aten.embedding.default: _embedding,
+}

@@ -7,14 +7,18 @@
 
 A backend declares what it supports in `Capabilities`; tests check the claims against what really
 runs. Heavy imports (jax, triton, onnx) happen inside the backend's methods, never at import time.
+The optional packages a backend needs are declared as `Requirements`: without them the backend is
+still registered and listed (with what is missing and the `pip install` that adds it), and every
+use of it (`capabilities`, `lower`) is refused with that message as a `BackendError`.
 """
 
 from __future__ import annotations
 
 import abc
 import dataclasses
+import importlib.util
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from portable.errors import BackendError, LoweringError
 from portable.ir.program import Program, ProgramKind
@@ -22,7 +26,7 @@ from portable.ir.source import source_of
 from portable.opset import lookup, op_name
 from portable.runtime import Executable
 
-__all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Target"]
+__all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Requirements", "Target"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -42,6 +46,30 @@ class Target:
 
 
 @dataclasses.dataclass(frozen=True)
+class Requirements:
+    """The optional packages a backend imports (`modules`, importable names) and the extra of
+    `portable` that installs them."""
+
+    modules: tuple[str, ...]
+    extra: str
+
+    @property
+    def install(self) -> str:
+        return f"pip install 'portable[{self.extra}]'"
+
+    def missing(self) -> tuple[str, ...]:
+        """The modules that cannot be found here (found without importing them)."""
+        return tuple(m for m in self.modules if not _findable(m))
+
+
+def _findable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # a parent package that fails to import; a broken spec
+        return False
+
+
+@dataclasses.dataclass(frozen=True)
 class Capabilities:
     ops: frozenset[str] | None  # opset names it lowers; None means every op in the opset
     program_kinds: frozenset[ProgramKind]
@@ -49,6 +77,8 @@ class Capabilities:
     writes_artifacts: bool = True
     # a variant may list several (`cuda:sm_90,sm_100`); the CLI lowers a backend's targets together
     combines_variants: bool = False
+    # the variant a bare target means (`neuron` is `neuron:trn3`); None: a bare target has none
+    default_variant: str | None = None
 
     def supports_op(self, name: str) -> bool:
         return self.ops is None or name in self.ops
@@ -71,13 +101,39 @@ class Compiled:
 
 class Backend(abc.ABC):
     name: str = ""
+    requirements: ClassVar[Requirements | None] = None  # optional packages it needs
 
     @abc.abstractmethod
     def capabilities(self) -> Capabilities: ...
 
     def can_execute_here(self) -> tuple[bool, str]:
-        """(True, "") or (False, why) for this machine."""
-        return True, ""
+        """(True, "") or (False, why) for this machine; by default, whether the optional
+        packages are installed."""
+        why = self.unavailable()
+        return not why, why
+
+    def missing(self) -> tuple[str, ...]:
+        """The optional packages this backend needs that are not installed (none: usable)."""
+        return self.requirements.missing() if self.requirements is not None else ()
+
+    def unavailable(self) -> str:
+        """Why this backend cannot be used in this installation ("" when it can): the missing
+        packages and the `pip install` that adds them."""
+        missing = self.missing()
+        if not missing or self.requirements is None:
+            return ""
+        verb = "is" if len(missing) == 1 else "are"
+        return f"{', '.join(missing)} {verb} not installed ({self.requirements.install})"
+
+    def require(self) -> None:
+        """Refuse to be used without the optional packages this backend needs (BackendError
+        naming them, its fix the `pip install` that adds them)."""
+        missing = self.missing()
+        if missing and self.requirements is not None:
+            raise BackendError(
+                f"backend {self.name} needs {', '.join(missing)}, not installed here",
+                fix=self.requirements.install,
+            )
 
     @abc.abstractmethod
     def lower(self, program: Program, target: Target) -> Lowered: ...
@@ -95,7 +151,9 @@ class Backend(abc.ABC):
     # shared checks --------------------------------------------------------------------------
 
     def check_program(self, program: Program, target: Target) -> None:
-        """Refuse program kinds, target variants and ops this backend does not support."""
+        """Refuse a backend whose packages are missing, and program kinds, target variants and
+        ops this backend does not support."""
+        self.require()
         caps = self.capabilities()
         if program.kind not in caps.program_kinds:
             raise BackendError(

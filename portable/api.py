@@ -17,6 +17,7 @@ def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001
 
     target = Target.parse(backend)
     impl = get_backend(target.backend)
+    impl.require()  # missing optional packages: the pip install is the fix, not another backend
     ok, why = impl.can_execute_here()
     if not ok:
         from .backends import registry

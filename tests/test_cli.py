@@ -174,16 +174,17 @@ def test_gpt_training_step_all_targets_parity_json(tmp_path, capsys):
         if portable.ProgramKind.TRAINING_STEP in get_backend(n).capabilities().program_kinds
     ]
     assert "onnx" in backend_registry.names() and "onnx" not in training
-    assert [t["target"] for t in manifest["targets"]] == training
+    assert [t["target"].split(":")[0] for t in manifest["targets"]] == training
+    assert "neuron:trn3" in [t["target"] for t in manifest["targets"]]  # the default variant
     assert [p["spec"] for p in manifest["passes"]] == ["dce", "canonicalize", "dce"]
     parity = manifest["parity"]
     runnable = [n for n in training if get_backend(n).can_execute_here()[0]]
     assert parity["ok"] is True and parity["steps"] == 3 and parity["backends"] == runnable
     assert "xla" in runnable and "neuron" not in runnable
-    assert [t["target"] for t in parity["lowered_only"]] == [
+    assert [t["target"].split(":")[0] for t in parity["lowered_only"]] == [
         n for n in training if n not in runnable
     ]
-    assert "neuron" in [t["target"] for t in parity["lowered_only"]]
+    assert "neuron:trn3" in [t["target"] for t in parity["lowered_only"]]
     assert parity["report"]["atol"] == 1e-3 / 20  # AdamW(lr=1e-3): see default_tolerances
     assert any(r["quantity"] == "loss step 3" for r in parity["report"]["rows"])
     check_manifest_files(out, manifest)
@@ -502,9 +503,12 @@ def test_targets_expand_all_and_drop_repeats():
     from portable.backends import Target, registry
     from portable.cli.lower import parse_targets, target_dir
 
-    every = [Target(name) for name in registry.names()]
+    # a bare target is its backend's default variant: `all` lowers neuron for trn3
+    every = [Target(n, get_backend(n).capabilities().default_variant) for n in registry.names()]
     assert parse_targets(["cpu", "all", " cpu "]) == every
     assert {"cpu", "xla", "neuron", "onnx"} <= {t.backend for t in every}
+    assert Target("neuron", "trn3") in every and Target("cuda") in every
+    assert parse_targets(["neuron", "neuron:trn3"]) == [Target("neuron", "trn3")]
     training = parse_targets(["all"], training=True)  # backends that lower training steps
     assert Target("onnx") not in training and {"cpu", "xla"} <= {t.backend for t in training}
     assert target_dir(Target("neuron", "trn2")) == "neuron_trn2"

@@ -397,6 +397,23 @@ def lowered(tmp_path_factory) -> Path:
     return out
 
 
+def test_a_bare_neuron_target_is_trn3_and_portable_check_finds_it(tmp_path, capsys):
+    """`-t neuron` (and `-t all`) lowers for the default variant and writes `neuron_trn3/`, the
+    folder the docs name and `portable check` looks in (was `neuron/`: check found nothing)."""
+    out = tmp_path / "out"
+    code, stdout, err = run(capsys, "lower", MLP, "-t", "neuron", "-o", str(out), "--json")
+    assert code == ExitCode.OK, err
+    (target,) = json.loads(stdout)["manifest"]["targets"]
+    assert (target["target"], target["dir"]) == ("neuron:trn3", "neuron_trn3")
+    assert sorted(p.name for p in out.iterdir()) == [
+        "manifest.json",
+        "neuron_trn3",
+        "program.portable",
+    ]
+    code, stdout, _ = run(capsys, "check", str(out))
+    assert code == ExitCode.OK and "neuron_trn3/programs/MLP: 0 error(s)" in stdout
+
+
 def copy_of(lowered: Path, tmp_path: Path) -> tuple[Path, Path]:
     out = tmp_path / "out"
     shutil.copytree(lowered, out)

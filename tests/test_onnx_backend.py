@@ -383,7 +383,7 @@ def test_missing_onnxruntime_says_what_to_install(monkeypatch):
         importlib.util, "find_spec", lambda name, *a: None if name == "onnxruntime" else real(name)
     )
     ok, why = get_backend("onnx").can_execute_here()
-    assert not ok and why == "onnxruntime not installed (pip install 'portable[onnx]')"
+    assert not ok and why == "onnxruntime is not installed (pip install 'portable[onnx]')"
 
 
 # --------------------------------------------------------------------------- CLI

@@ -22,7 +22,7 @@ from portable.ir.program import Program, ProgramKind
 from portable.opset import opset_table
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
 from .options import CudaOptions
 from .targets import ARCHS, CudaArch, arch_of_capability, parse_archs
 
@@ -41,6 +41,7 @@ class CudaLowered:
 
 class CudaBackend(Backend):
     name = "cuda"
+    requirements = Requirements(("triton",), "cuda")  # kernels are planned and compiled by Triton
 
     def __init__(self, options: CudaOptions | None = None) -> None:
         self.options = options or CudaOptions()
@@ -56,13 +57,16 @@ class CudaBackend(Backend):
         )
 
     def can_execute_here(self) -> tuple[bool, str]:
+        missing = self.unavailable()
+        if missing:
+            return False, missing
         if self.options.device == "cpu":
             if os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
                 return False, (
                     "device='cpu' runs the Triton kernels in Triton's interpreter: set "
                     "TRITON_INTERPRET=1 before Python starts"
                 )
-            return _triton_importable()
+            return True, ""
         if not torch.cuda.is_available():
             return False, "no CUDA device on this machine"
         cap = torch.cuda.get_device_capability()
@@ -71,7 +75,7 @@ class CudaBackend(Backend):
                 False,
                 f"CUDA device of compute capability {cap[0]}.{cap[1]} (sm_90 or sm_100 needed)",
             )
-        return _triton_importable()
+        return True, ""
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .dispatch import planned_launches
@@ -116,14 +120,6 @@ class CudaBackend(Backend):
                 "--target cuda:sm_90 --target cuda:sm_100` to write the kernels and .pt2 here",
             )
         return _executable(compiled.lowered, self.options)
-
-
-def _triton_importable() -> tuple[bool, str]:
-    try:
-        import triton  # noqa: F401
-    except ImportError:
-        return False, "triton is not installed (pip install 'portable[cuda]')"
-    return True, ""
 
 
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:

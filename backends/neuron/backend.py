@@ -22,7 +22,7 @@ from portable.ir.program import Program, ProgramKind
 from portable.ir.source import source_of
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
 from .findings import Finding, Severity, merge
 from .options import NeuronOptions
 from .targets import DEFAULT_VARIANT, TARGETS, resolve_target
@@ -35,21 +35,25 @@ _NOT_HERE = "neuron programs run on Trainium (NeuronCores); this machine has non
 class NeuronBackend(Backend):
     name = "neuron"
     platform = "neuron"
+    # the lowering rules are JAX's (the same table as xla, platform "neuron")
+    requirements = Requirements(("jax", "jaxlib"), "xla")
 
     def __init__(self, options: NeuronOptions | None = None) -> None:
         self.options = options or NeuronOptions()
 
     def capabilities(self) -> Capabilities:
+        self.require()  # the op list is the JAX rule table's
         from ..xla.rules import load_rules
 
         return Capabilities(
             ops=load_rules().names(self.platform),
             program_kinds=frozenset(ProgramKind),
             variants=tuple(TARGETS),
+            default_variant=DEFAULT_VARIANT,
         )
 
     def can_execute_here(self) -> tuple[bool, str]:
-        return False, _NOT_HERE
+        return False, self.unavailable() or _NOT_HERE
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .artifact import NeuronLowered

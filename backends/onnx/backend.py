@@ -9,7 +9,6 @@ only here, inside the methods.
 
 from __future__ import annotations
 
-import importlib.util
 import shutil
 from pathlib import Path
 
@@ -19,7 +18,7 @@ from portable.ir.source import source_of
 from portable.opset import lookup, op_name, opset_table
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
 
 __all__ = ["OnnxBackend"]
 
@@ -36,12 +35,11 @@ _COLLECTIVES = frozenset(
     f"portable.{name}.default"
     for name in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "local_shard")
 )
-_REQUIRES = ("onnx", "onnxruntime", "onnxscript")
-_INSTALL = "pip install 'portable[onnx]'"
 
 
 class OnnxBackend(Backend):
     name = "onnx"
+    requirements = Requirements(("onnx", "onnxruntime", "onnxscript"), "onnx")
 
     def capabilities(self) -> Capabilities:
         ops = frozenset(
@@ -53,18 +51,9 @@ class OnnxBackend(Backend):
         )
         return Capabilities(ops=ops, program_kinds=frozenset({ProgramKind.INFERENCE}))
 
-    def can_execute_here(self) -> tuple[bool, str]:
-        missing = [m for m in _REQUIRES if importlib.util.find_spec(m) is None]
-        if missing:
-            return False, f"{', '.join(missing)} not installed ({_INSTALL})"
-        return True, ""
-
     def lower(self, program: Program, target: Target) -> Lowered:
         _refuse_unexportable(program)
-        self.check_program(program, target)
-        ok, why = self.can_execute_here()
-        if not ok:
-            raise BackendError(f"the onnx backend needs {why}", fix=_INSTALL)
+        self.check_program(program, target)  # BackendError when onnx packages are missing
         _check_nodes(program)
         from .export import MODEL_FILE, export_program, model_text
 
@@ -85,9 +74,7 @@ class OnnxBackend(Backend):
         return Compiled(lowered, files, payload=lowered.payload)
 
     def executable(self, compiled: Compiled) -> Executable:
-        ok, why = self.can_execute_here()
-        if not ok:
-            raise BackendError(f"the onnx backend cannot run here: {why}", fix=_INSTALL)
+        self.require()
         from .session import session_function
 
         return Executable(

@@ -8,13 +8,12 @@ out_dir); executable -> the portable Executable. A per-rank program (metadata["s
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 from portable.ir.program import Program, ProgramKind
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
 
 __all__ = ["XlaBackend"]
 
@@ -28,24 +27,21 @@ _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 class XlaBackend(Backend):
     name = "xla"
     platform = "xla"
+    requirements = Requirements(("jax", "jaxlib"), "xla")
 
     def capabilities(self) -> Capabilities:
+        self.require()  # the op list is the JAX rule table's
         from .rules import load_rules
 
         return Capabilities(
             ops=load_rules().names(self.platform), program_kinds=frozenset(ProgramKind)
         )
 
-    def can_execute_here(self) -> tuple[bool, str]:
-        if importlib.util.find_spec("jax") is None:
-            return False, "jax is not installed (pip install 'portable[xla]')"
-        return True, ""
-
     def lower(self, program: Program, target: Target) -> Lowered:
+        self.check_program(program, target)  # first: BackendError when jax is missing
         from .lowering import lower
         from .spmd import is_per_rank, spmd_function
 
-        self.check_program(program, target)
         if is_per_rank(program):
             # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts
             # are the SPMD module before XLA partitions it

@@ -12,7 +12,8 @@ whose input exists, whose `--target` is the manifest's and whose int64 flags are
 graph.hlo differing from the sha256 the manifest recorded is a warning (`artifact-modified`).
 
 Exit 0 when no program has an error finding (warnings are printed; `--strict` makes them count),
-6 (CHECK_FINDINGS) otherwise; 3 when DIR holds no neuron program.
+6 (CHECK_FINDINGS) otherwise; 3 when DIR holds no neuron program; 4 when the neuron backend's
+packages (jax, which parses the HLO) are not installed.
 """
 
 from __future__ import annotations
@@ -111,7 +112,11 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_dir(out: Path) -> list[ProgramReport]:
-    """One report per neuron program under `out` (PortableError if there is none)."""
+    """One report per neuron program under `out` (PortableError if there is none; BackendError
+    when the neuron backend's packages, which read and validate the HLO, are missing)."""
+    from ..backends import get_backend
+
+    get_backend("neuron").require()
     out = Path(out)
     folders = [out] if (out / "programs").is_dir() else sorted(out.glob("neuron_*/"))
     archive = _archive(out if folders != [out] else out.parent)

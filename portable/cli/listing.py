@@ -1,8 +1,9 @@
 """`portable backends`, `portable passes`, `portable ops`: what this installation provides.
 
-Each prints a table, or with `--json` one JSON list of objects (the fields below). A backend or
-pass that fails to load (a plug-in with a missing dependency) is listed with its `error` instead
-of stopping the listing.
+Each prints a table, or with `--json` one JSON list of objects (the fields below). A built-in
+backend whose optional packages are missing is listed with them (`missing`) and the
+`pip install` that adds them (`install`); a backend or pass plug-in that fails to load is listed
+with its `error`. Neither stops the listing.
 """
 
 from __future__ import annotations
@@ -13,10 +14,13 @@ import inspect
 import json
 import typing
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ..errors import PortableError
+from ..errors import BackendError, PortableError
 from .table import format_table
+
+if TYPE_CHECKING:
+    from ..backends import Backend, Capabilities
 
 __all__ = ["add_parsers", "backends", "ops", "passes"]
 
@@ -25,33 +29,52 @@ Row = dict[str, Any]
 
 def backends() -> list[Row]:
     """Per backend: name, program_kinds, variants, ops (count), writes_artifacts,
-    can_execute_here, reason (why not, or null)."""
+    can_execute_here, reason (why not, or null), missing (optional packages not installed) and
+    install (the `pip install` that adds them, or null). A backend whose capabilities cannot be
+    known without the missing packages has null program_kinds, variants, ops, writes_artifacts;
+    a plug-in that fails to load is `{name, error, can_execute_here: false, reason}`."""
     from ..backends import get_backend, registry
-    from ..opset import opset_table
 
     rows: list[Row] = []
     for name in registry.names():
         try:
-            backend = get_backend(name)
-            caps = backend.capabilities()
-            ok, why = backend.can_execute_here()
-        except PortableError as exc:
+            rows.append(_backend_row(name, get_backend(name)))
+        except PortableError as exc:  # a plug-in that cannot be loaded or asked
             rows.append(
                 {"name": name, "error": str(exc), "can_execute_here": False, "reason": exc.what}
             )
-            continue
-        rows.append(
-            {
-                "name": name,
-                "program_kinds": sorted(k.value for k in caps.program_kinds),
-                "variants": list(caps.variants),
-                "ops": len(opset_table()) if caps.ops is None else len(caps.ops),
-                "writes_artifacts": caps.writes_artifacts,
-                "can_execute_here": ok,
-                "reason": why or None,
-            }
-        )
     return rows
+
+
+def _backend_row(name: str, backend: Backend) -> Row:
+    missing = backend.missing()
+    ok, why = backend.can_execute_here()
+    try:
+        capabilities = _capability_fields(backend.capabilities())
+    except BackendError:
+        if not missing:
+            raise
+        # capabilities read from the missing packages (xla's and neuron's op lists are JAX's)
+        capabilities = dict.fromkeys(("program_kinds", "variants", "ops", "writes_artifacts"))
+    return {
+        "name": name,
+        **capabilities,
+        "can_execute_here": ok,
+        "reason": why or None,
+        "missing": list(missing),
+        "install": backend.requirements.install if missing and backend.requirements else None,
+    }
+
+
+def _capability_fields(caps: Capabilities) -> Row:
+    from ..opset import opset_table
+
+    return {
+        "program_kinds": sorted(k.value for k in caps.program_kinds),
+        "variants": list(caps.variants),
+        "ops": len(opset_table()) if caps.ops is None else len(caps.ops),
+        "writes_artifacts": caps.writes_artifacts,
+    }
 
 
 def passes() -> list[Row]:
@@ -123,9 +146,9 @@ _LISTINGS: dict[str, tuple[Callable[[], list[Row]], str, list[str], Callable[[Ro
         ["name", "program kinds", "variants", "ops", "runs here", "reason"],
         lambda r: [
             r["name"],
-            ", ".join(r.get("program_kinds", [])),
-            ", ".join(r.get("variants", [])) or "-",
-            r.get("ops", "-"),
+            ", ".join(r.get("program_kinds") or []) or "-",
+            ", ".join(r.get("variants") or []) or "-",
+            r.get("ops") or "-",
             _yes(r["can_execute_here"]),
             r.get("reason") or "",
         ],

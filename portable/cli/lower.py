@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 from .. import __version__
 from ..api import lower as lower_program
 from ..backends import Target, get_backend, registry
+from ..errors import BackendError
 from ..ir.program import Program, ProgramKind
 from .compiling import COMPILED_BACKENDS, CompileOutcome, compile_targets, require_compiler
 from .exit_codes import EPILOG, ExitCode
@@ -189,17 +190,47 @@ def _positive_int(text: str) -> int:
 
 def parse_targets(texts: list[str], *, training: bool = False) -> list[Target]:
     """Expand `all` (every registered backend that takes the program's kind: with `training`,
-    those that lower training steps), parse, drop repeats (first wins), and check each backend
-    is registered."""
+    those that lower training steps), parse, check each backend is registered (RegistryError
+    listing them) and usable here (BackendError naming its missing packages and the
+    `pip install` that adds them), give a bare target its backend's default variant (`neuron`
+    is `neuron:trn3`), and drop repeats (first wins)."""
     every = registry.names()
+    if any(text.strip() == "all" for text in texts):
+        for name in every:
+            _require(name, listed_by_all=True)
     if training:
         kind = ProgramKind.TRAINING_STEP
         every = [n for n in every if kind in get_backend(n).capabilities().program_kinds]
     names = [n for text in texts for n in (every if text.strip() == "all" else [text])]
-    targets = list(dict.fromkeys(Target.parse(n) for n in names))
+    targets = [Target.parse(n) for n in names]
     for target in targets:
-        get_backend(target.backend)  # RegistryError listing the registered backends
-    return _combine_variants(targets)
+        _require(target.backend)
+    return _combine_variants(list(dict.fromkeys(_with_default_variant(t) for t in targets)))
+
+
+def _require(name: str, *, listed_by_all: bool = False) -> None:
+    """RegistryError for an unknown backend; BackendError for one whose packages are missing
+    (for `all`, the fix also offers naming the usable targets instead)."""
+    try:
+        get_backend(name).require()
+    except BackendError as exc:
+        if not listed_by_all:
+            raise
+        usable = [n for n in registry.names() if not get_backend(n).missing()]
+        raise BackendError(
+            exc.what,
+            fix=f"{exc.fix}; or name the targets instead of `all` (usable here: "
+            f"{', '.join(usable)})",
+        ) from None
+
+
+def _with_default_variant(target: Target) -> Target:
+    """A bare target as its backend's default variant (`neuron` -> `neuron:trn3`), so its folder
+    and manifest name the variant it was lowered for."""
+    caps = get_backend(target.backend).capabilities()
+    if target.variant is None and caps.default_variant and not caps.combines_variants:
+        return Target(target.backend, caps.default_variant)
+    return target
 
 
 def _combine_variants(targets: list[Target]) -> list[Target]:
@@ -238,8 +269,6 @@ def _check_aot(args: argparse.Namespace, targets: list[Target]) -> None:
     if not args.aot:
         return
     import torch
-
-    from ..errors import BackendError
 
     if not any(t.backend == "cuda" for t in targets):
         raise BackendError(

@@ -62,6 +62,82 @@ def test_compare_reports_first_mismatch_and_errors():
     assert not shape.ok and "shape" in shape.note
 
 
+INF, NAN = float("inf"), float("nan")
+# (got, want, first element out of tolerance or None, max abs, max rel) at rtol 1e-5, atol 1e-6
+SPECIAL_VALUES = [
+    ([INF], [INF], None, 0.0, 0.0),
+    ([-INF], [-INF], None, 0.0, 0.0),
+    ([INF], [-INF], (0,), INF, INF),
+    ([-INF], [INF], (0,), INF, INF),
+    ([INF], [1.0], (0,), INF, INF),
+    ([1.0], [INF], (0,), INF, INF),
+    ([INF], [NAN], (0,), INF, INF),
+    ([NAN], [NAN], None, 0.0, 0.0),
+    ([NAN], [1.0], (0,), INF, INF),
+    ([1.0], [NAN], (0,), INF, INF),
+    ([0.0], [-0.0], None, 0.0, 0.0),
+    ([1.0 + 1.05e-5], [1.0], None, 1.05e-5, 1.05e-5),
+    ([1.0 + 1.2e-5], [1.0], (0,), 1.2e-5, 1.2e-5),
+    ([1e-7], [0.0], None, 1e-7, 0.0),  # no relative error at a zero reference
+    ([INF, 2.0, NAN], [INF, 2.0, NAN], None, 0.0, 0.0),
+    ([INF, 2.0, 3.0], [INF, 2.0, 3.5], (2,), 0.5, 1 / 7),
+    ([1 + 1j], [1 - 1j], (0,), 2.0, 2 / 2**0.5),  # the imaginary part counts
+    ([1 + 1j], [1 + 1j], None, 0.0, 0.0),
+    ([1j], [-1j], (0,), 2.0, 2.0),
+    ([complex(INF, 0)], [complex(INF, 0)], None, 0.0, 0.0),
+    ([complex(INF, 0)], [complex(-INF, 0)], (0,), INF, INF),
+    ([complex(1, NAN)], [complex(1, NAN)], None, 0.0, 0.0),
+    ([complex(INF, 1)], [complex(INF, 1.5)], (0,), 0.5, 0.5 / 1.5),
+    ([complex(1, 1e-6)], [1 + 0j], None, 1e-6, 1e-6),  # rtol scales with |want|, not the part
+    ([3], [3], None, 0.0, 0.0),
+    ([3, 5], [3, 4], (1,), 1.0, 0.25),
+    ([2**53 + 1], [2**53], (0,), 1.0, 2.0**-53),  # exact, not via float64
+    ([True, False], [True, True], (1,), 1.0, 1.0),
+]
+
+
+@pytest.mark.parametrize(("got", "want", "first", "max_abs", "max_rel"), SPECIAL_VALUES)
+def test_compare_special_values(got, want, first, max_abs, max_rel):
+    row = compare("b", "x", _exact(got), _exact(want), rtol=1e-5, atol=1e-6)
+    assert (row.ok, row.first_mismatch) == (first is None, first), row
+    assert row.max_abs == pytest.approx(max_abs) and row.max_rel == pytest.approx(max_rel), row
+
+
+def _exact(values: list) -> torch.Tensor:
+    """The table's numbers without float32 rounding (float64, complex128; ints and bools)."""
+    if any(isinstance(v, complex) for v in values):
+        return torch.tensor(values, dtype=torch.complex128)
+    if any(isinstance(v, float) for v in values):
+        return torch.tensor(values, dtype=torch.float64)
+    return torch.tensor(values)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+def test_compare_infinities_in_low_precision(dtype):
+    want = torch.tensor([INF, -INF, 1.0], dtype=dtype)
+    assert compare("b", "x", want.clone(), want, 1e-5, 1e-6).ok
+    flipped = compare("b", "x", -want, want, 1e-5, 1e-6)
+    assert not flipped.ok and flipped.first_mismatch == (0,)
+
+
+def test_compare_scalars_empty_and_dtype():
+    assert compare("b", "x", torch.tensor(INF), torch.tensor(INF), 0, 0).ok
+    row = compare("b", "x", torch.tensor(1.0), torch.tensor(2.0), 0, 0)
+    assert not row.ok and row.first_mismatch == ()
+    empty = compare("b", "x", torch.zeros(0, 3), torch.zeros(0, 3), 0, 0)
+    assert empty.ok and (empty.max_abs, empty.max_rel) == (0.0, 0.0)
+    dtype = compare("b", "x", torch.zeros(2), torch.zeros(2, dtype=torch.float64), 0, 0)
+    assert not dtype.ok and "float64" in dtype.note
+
+
+def test_compare_allowance_widens_only_where_given():
+    want = torch.zeros(3)
+    got = torch.tensor([1e-3, 1e-3, 0.0])
+    allowance = torch.tensor([1e-3, 5e-4, 0.0])
+    row = compare("b", "x", got, want, 1e-5, 1e-6, allowance=allowance)
+    assert not row.ok and row.first_mismatch == (1,)
+
+
 def test_cpu_against_itself_and_eager_is_exact():
     x = torch.randn(4, 8)
     report = assert_parity(_model(), (x,), backends=["cpu"])
@@ -157,7 +233,13 @@ def test_pytest_plugin_parametrizes_backends(pytester):
 
 
 def test_pytest_plugin_rejects_unknown_backend(pytester):
-    pytester.makepyfile(PLUGIN_TEST)
+    """A usage error before collection (exit status 4, one message), not an error per test."""
+    pytester.makepyfile(PLUGIN_TEST + PLUGIN_TEST.replace("test_model", "test_other"))
     result = pytester.runpytest("--portable-backends=cpu,nosuch", "-p", "no:cacheprovider")
-    assert result.ret != 0
-    result.stdout.fnmatch_lines(["*unknown backend 'nosuch'*"])
+    assert result.ret == pytest.ExitCode.USAGE_ERROR
+    result.stderr.fnmatch_lines(
+        ["*--portable-backends: unknown backend 'nosuch'; registered backends: cpu, *"]
+    )
+    assert "nosuch" not in result.stdout.str()  # no test ran, none errored
+    empty = pytester.runpytest("--portable-backends=,", "-p", "no:cacheprovider")
+    assert empty.ret == pytest.ExitCode.USAGE_ERROR

@@ -15,22 +15,9 @@ import torch
 
 from ..errors import BackendError, CaptureError
 from ..ir.program import Program, ProgramKind
+from .compare import ParityRow, compare
 
 __all__ = ["ParityReport", "ParityRow", "assert_parity", "check_parity", "compare"]
-
-
-@dataclasses.dataclass(frozen=True)
-class ParityRow:
-    backend: str
-    quantity: str  # "output 0", "loss step 2", "param fc1.weight", ...
-    max_abs: float
-    max_rel: float
-    first_mismatch: tuple[int, ...] | None  # index of the first element out of tolerance
-    ok: bool
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -108,46 +95,6 @@ class ParityReport:
             "rows": [r.to_json() for r in self.rows],
             "skipped": [{"backend": b, "why": w} for b, w in self.skipped],
         }
-
-
-def compare(
-    backend: str, quantity: str, got: torch.Tensor, want: torch.Tensor, rtol: float, atol: float
-) -> ParityRow:
-    """One row: elementwise |got - want| <= atol + rtol * |want| (NaN matches NaN); a result
-    on another device (cuda) is compared on the reference's device."""
-    got = got.to(want.device)
-    if got.shape != want.shape or got.dtype != want.dtype:
-        return ParityRow(
-            backend,
-            quantity,
-            float("inf"),
-            float("inf"),
-            None,
-            False,
-            f"shape/dtype {tuple(got.shape)} {got.dtype} vs {tuple(want.shape)} {want.dtype}",
-        )
-    if not (want.is_floating_point() or want.is_complex()):
-        equal = got == want
-        diff = (got.double() - want.double()).abs() if got.numel() else torch.zeros(0)
-        rel = diff
-    else:
-        g, w = got.double(), want.double()
-        diff = (g - w).abs()
-        both_nan = g.isnan() & w.isnan()
-        diff = torch.where(both_nan, torch.zeros_like(diff), diff)
-        equal = (diff <= atol + rtol * w.abs()) | both_nan
-        rel = diff / w.abs().clamp_min(torch.finfo(torch.float64).tiny)
-    first = None
-    if not bool(equal.all()):
-        flat = int((~equal).flatten().nonzero()[0])
-        first = (
-            tuple(int(i) for i in torch.unravel_index(torch.tensor(flat), want.shape))
-            if want.dim()
-            else ()
-        )
-    max_abs = float(diff.max()) if diff.numel() else 0.0
-    max_rel = float(rel.max()) if rel.numel() else 0.0
-    return ParityRow(backend, quantity, max_abs, max_rel, first, first is None)
 
 
 def _as_program(model_or_program, inputs) -> tuple[Program, tuple, torch.nn.Module | None]:

@@ -10,8 +10,12 @@ Contracts (docs/archive-format.md is the schema):
 - `save` is atomic: it writes a sibling temp directory and renames it into place, so `path` is
   never a half-written archive. It replaces an existing archive, and refuses to replace anything
   else (a file, a non-empty directory that is not an archive).
-- `load` checks the format and opset versions, the weights file's size and sha256, the content
-  hash, then runs the verifier; every problem with the archive is an ArchiveError.
+- `load` treats the archive as hostile (docs/archive-format.md, "Threat model"): entries must be
+  regular files inside the archive (no links out, no FIFOs or devices), program.json is bounded in
+  size and nesting (`portable.limits`), every string that reaches generated code is checked
+  against its grammar, then the format and opset versions, the weights file's size and sha256, the
+  content hash and the verifier. Every problem with the archive is an ArchiveError (a VerifyError
+  from the verifier); none executes code from the archive.
 """
 
 from __future__ import annotations
@@ -20,8 +24,10 @@ import contextlib
 import hashlib
 import json
 import os
+import re
 import secrets
 import shutil
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -29,8 +35,10 @@ import safetensors.torch
 import torch
 
 from .errors import ArchiveError
+from .ir.grammar import bad_text
 from .ir.program import Program
 from .ir.serialize import (
+    HASH_VERSION,
     doc_hash,
     doc_structure_bytes,
     program_from_json,
@@ -38,11 +46,12 @@ from .ir.serialize import (
     program_to_json,
     structure_bytes,
 )
+from .safe_json import parse_json
 
 __all__ = ["FORMAT_VERSION", "load", "save"]
 
 FORMAT = "portable.program"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # 2: the content hash covers the metadata and the whole plan
 PROGRAM_FILE = "program.json"
 WEIGHTS_FILE = "weights.safetensors"
 _ENTRIES = frozenset({PROGRAM_FILE, WEIGHTS_FILE})
@@ -145,7 +154,7 @@ def _is_archive(dest: Path) -> bool:
         return False
     try:
         header = json.loads((dest / PROGRAM_FILE).read_bytes())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):
         return False
     return isinstance(header, dict) and header.get("format") == FORMAT
 
@@ -184,7 +193,8 @@ def _fsync(path: Path) -> None:
 
 def _file_digest(path: Path) -> tuple[int, str]:
     h, size = hashlib.sha256(), 0
-    with open(path, "rb") as f:
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
         while chunk := f.read(_CHUNK):
             h.update(chunk)
             size += len(chunk)
@@ -194,8 +204,12 @@ def _file_digest(path: Path) -> tuple[int, str]:
 # --- load -----------------------------------------------------------------------------------
 
 
-def load(path: str | os.PathLike[str]) -> Program:
-    """Read, check and verify the archive at `path` (ArchiveError on any problem with it)."""
+def load(path: str | os.PathLike[str], *, expected_hash: str | None = None) -> Program:
+    """Read, check and verify the archive at `path` (ArchiveError on any problem with it).
+
+    `expected_hash` pins the program: the archive must hold exactly the program whose
+    `content_hash` you obtained from a source you trust (see "Threat model" in
+    docs/archive-format.md: the hash in the file proves integrity, not who wrote it)."""
     from .verify import verify
 
     root = Path(path)
@@ -203,11 +217,12 @@ def load(path: str | os.PathLike[str]) -> Program:
     doc = header["program"]
     _check_opset(root, doc)
     weights = _read_weights(root, header["weights"])
-    expected, actual = header["content_hash"], doc_hash(doc, weights)
+    version = 1 if header["format_version"] == 1 else HASH_VERSION
+    expected, actual = header["content_hash"], doc_hash(doc, weights, version)
     if expected != actual:
         raise ArchiveError(
-            f"{root}: content hash mismatch: expected {expected} got {actual}",
-            fix="the graph, signature, plan or weights were modified after saving; "
+            f"{root}: content hash mismatch: expected {_cut(expected)} got {actual}",
+            fix="the graph, signature, plan, metadata or weights were modified after saving; "
             "re-save the archive from the original program",
         )
     program = program_from_json(doc, weights)
@@ -216,11 +231,64 @@ def load(path: str | os.PathLike[str]) -> Program:
             f"{root}: {PROGRAM_FILE} does not rebuild to the program it describes",
             fix="re-save the archive with this portable version",
         )
+    if expected_hash is not None and program.content_hash != expected_hash:
+        raise ArchiveError(
+            f"{root} holds program {program.content_hash}, not the expected {_cut(expected_hash)}",
+            fix="the archive is not the one you were given the hash of; get it again from its source",
+        )
     verify(program)
     return program
 
 
+def _cut(text: object, limit: int = 80) -> str:
+    value = str(text)
+    return value if len(value) <= limit else value[:limit] + "..."
+
+
+def _entry(root: Path, name: str) -> Path:
+    """`root/name`, refused unless it is a regular file inside the archive directory: a link
+    may not lead out of it (and nothing about a target outside is disclosed), and a FIFO,
+    socket or device, which would hang or never end a read, is not a file."""
+    path = root / name
+    if path.is_symlink():
+        path = Path(os.path.realpath(path))
+        if not path.is_relative_to(Path(os.path.realpath(root))):
+            raise ArchiveError(
+                f"archive {root}: {name} is a link that leads out of the archive",
+                fix="archives hold their own files; copy the archive with links resolved "
+                "(cp -rL) if you trust where they point",
+            )
+    try:
+        info = path.stat()
+    except OSError:
+        info = None
+    if info is None or not stat.S_ISREG(info.st_mode):
+        raise ArchiveError(
+            f"archive {root} has no {name}"
+            + ("" if info is None else " (it is not a regular file)"),
+            fix="the archive is incomplete; re-save it from the original program",
+        )
+    return path
+
+
+def _read_file(path: Path, limit: int | None) -> bytes:
+    """The bytes of a regular file opened without following a final link; ArchiveError when it
+    is over `limit` bytes."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+    with os.fdopen(fd, "rb") as f:
+        data = f.read() if limit is None else f.read(limit + 1)
+    if limit is not None and len(data) > limit:
+        raise ArchiveError(
+            f"{path} is over {limit} bytes",
+            fix="a program.json this large is not one portable wrote; if it is, raise "
+            "portable.limits max_json_bytes",
+        )
+    return data
+
+
 def _read_header(root: Path) -> dict[str, Any]:
+    from .limits import current
+
     if not root.exists():
         raise ArchiveError(
             f"no archive at {root}",
@@ -232,18 +300,14 @@ def _read_header(root: Path) -> dict[str, Any]:
             fix="pass the archive directory written by program.save(path)",
         )
     for name in (PROGRAM_FILE, WEIGHTS_FILE):
-        if not (root / name).is_file():
-            raise ArchiveError(
-                f"archive {root} has no {name}",
-                fix="the archive is incomplete; re-save it from the original program",
-            )
-    try:
-        header = json.loads((root / PROGRAM_FILE).read_bytes(), parse_constant=_reject_constant)
-    except ValueError as exc:
-        raise ArchiveError(
-            f"{root / PROGRAM_FILE} is not valid JSON: {exc}",
-            fix="the file is corrupted; re-save the archive from the original program",
-        ) from exc
+        _entry(root, name)
+    limits = current()
+    header = parse_json(
+        _read_file(_entry(root, PROGRAM_FILE), limits.max_json_bytes),
+        str(root / PROGRAM_FILE),
+        ArchiveError,
+        fix="the file is corrupted; re-save the archive from the original program",
+    )
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ArchiveError(
             f"{root / PROGRAM_FILE} is not a portable program (format is not {FORMAT!r})",
@@ -259,13 +323,11 @@ def _read_header(root: Path) -> dict[str, Any]:
     return header
 
 
-def _reject_constant(name: str) -> None:
-    raise ValueError(f"{name} is not JSON")
-
-
 def _check_format_version(version: Any) -> None:
     if not isinstance(version, int) or isinstance(version, bool) or version < 1:
-        raise ArchiveError(f"unknown archive format_version {version!r}", fix="re-save the archive")
+        raise ArchiveError(
+            f"unknown archive format_version {_cut(repr(version))}", fix="re-save the archive"
+        )
     if version > FORMAT_VERSION:
         raise ArchiveError(
             f"the archive was written by a newer portable (format {version} > {FORMAT_VERSION})",
@@ -281,7 +343,9 @@ def _check_opset(root: Path, doc: dict[str, Any]) -> None:
     recorded = doc.get("opset_version")
     theirs = _parse_opset(recorded)
     if theirs is None:
-        raise ArchiveError(f"{root}: bad opset_version {recorded!r}", fix="re-save the archive")
+        raise ArchiveError(
+            f"{root}: bad opset_version {_cut(repr(recorded))}", fix="re-save the archive"
+        )
     if theirs[0] > ours[0] or (theirs[0] == ours[0] and theirs[1] > ours[1]):
         raise ArchiveError(
             f"{root} uses opset {recorded}, newer than this portable's {OPSET_VERSION}",
@@ -295,21 +359,25 @@ def _check_opset(root: Path, doc: dict[str, Any]) -> None:
 
 
 def _parse_opset(version: Any) -> tuple[int, int] | None:
-    if not isinstance(version, str):
+    if not isinstance(version, str) or _OPSET.fullmatch(version) is None:
         return None
     major, _, minor = version.partition(".")
-    return (int(major), int(minor)) if major.isdigit() and minor.isdigit() else None
+    return int(major), int(minor)
+
+
+_OPSET = re.compile(r"[0-9]{1,6}\.[0-9]{1,6}")
 
 
 def _read_weights(root: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
-    path = root / WEIGHTS_FILE
-    size, digest = _file_digest(path)
     want_size, want_digest = info.get("bytes"), info.get("sha256")
     if info.get("file") != WEIGHTS_FILE:
         raise ArchiveError(
-            f"{root / PROGRAM_FILE} names weights file {info.get('file')!r}, not {WEIGHTS_FILE!r}",
+            f"{root / PROGRAM_FILE} names weights file {_cut(repr(info.get('file')))}, "
+            f"not {WEIGHTS_FILE!r}",
             fix="the file was edited; re-save the archive from the original program",
         )
+    path = _entry(root, WEIGHTS_FILE)
+    size, digest = _file_digest(path)
     if size != want_size:
         what = (
             "is truncated"
@@ -317,17 +385,21 @@ def _read_weights(root: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
             else "has the wrong size"
         )
         raise ArchiveError(
-            f"{path} {what}: {size} bytes, expected {want_size}",
+            f"{path} {what}: {size} bytes, expected {_cut(want_size)}",
             fix="the weights file is incomplete or corrupted; re-save or re-copy the archive",
         )
     if digest != want_digest:
         raise ArchiveError(
-            f"{path}: weights hash mismatch: expected {want_digest} got {digest}",
+            f"{path}: weights hash mismatch: expected {_cut(want_digest)} got {digest}",
             fix="the weights file is corrupted or was replaced; re-save or re-copy the archive",
         )
     try:
-        return safetensors.torch.load_file(path)
+        weights = safetensors.torch.load_file(path)
     except Exception as exc:  # safetensors raises its own error types for bad headers
         raise ArchiveError(
-            f"{path} is not a valid safetensors file: {exc}", fix="re-save the archive"
+            f"{path} is not a valid safetensors file: {_cut(exc, 200)}", fix="re-save the archive"
         ) from exc
+    for key in weights:
+        if (why := bad_text(key, limit=1024)) is not None:
+            raise ArchiveError(f"{path} has a weight key that {why}", fix="re-save the archive")
+    return weights

@@ -21,6 +21,7 @@ __all__ = [
     "PlanError",
     "PortableError",
     "RegistryError",
+    "ResourceLimitError",
     "VerifyError",
 ]
 
@@ -100,6 +101,11 @@ class LoweringError(BackendError):
 
 class InputError(PortableError):
     """Run-time inputs do not match the program's signature."""
+
+
+class ResourceLimitError(PortableError):
+    """Portable would allocate more than a limit of `portable.limits` on behalf of a declared
+    shape (an archive's input, a program's intermediate): refused before allocating."""
 
 
 class PlanError(PortableError):

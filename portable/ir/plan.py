@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from ..errors import PlanError
+from .grammar import bad_identifier, bad_text
+from .safe_regex import SafePattern, compile_pattern
 
-__all__ = ["Mesh", "PartitionSpec", "Plan", "ShardingRule"]
+__all__ = ["MAX_DEVICES", "Mesh", "PartitionSpec", "Plan", "ShardingRule"]
 
-_AXIS = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+MAX_DEVICES = 1 << 20
 
 
 @dataclasses.dataclass(frozen=True)
@@ -30,17 +31,23 @@ class Mesh:
     def __init__(self, axes: Mapping[str, int] | Sequence[tuple[str, int]]) -> None:
         items = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
         for name, size in items:
-            if not isinstance(name, str) or not _AXIS.match(name):
+            if bad_identifier(name) is not None:
                 raise PlanError(
                     f"mesh axis name {name!r} is not an identifier", fix="use names like 'dp', 'tp'"
                 )
-            if not isinstance(size, int) or size < 1:
+            if not isinstance(size, int) or isinstance(size, bool) or not 1 <= size <= MAX_DEVICES:
                 raise PlanError(
-                    f"mesh axis {name!r} has size {size!r}", fix="sizes are positive integers"
+                    f"mesh axis {name!r} has size {size!r}",
+                    fix=f"sizes are positive integers (a mesh has at most {MAX_DEVICES} devices)",
                 )
         names = [n for n, _ in items]
         if len(set(names)) != len(names):
             raise PlanError(f"mesh axes repeat a name: {names}", fix="give each axis its own name")
+        if math.prod(s for _, s in items) > MAX_DEVICES:
+            raise PlanError(
+                f"the mesh has {math.prod(s for _, s in items)} devices, over {MAX_DEVICES}",
+                fix="a mesh is at most a million devices; check the axis sizes",
+            )
         object.__setattr__(self, "axes", items)
 
     @property
@@ -96,13 +103,20 @@ class PartitionSpec:
 
 @dataclasses.dataclass(frozen=True)
 class ShardingRule:
-    """A regex over tensor names (parameter fqns, input names) and the spec it assigns."""
+    """A regex over tensor names (parameter fqns, input names) and the spec it assigns.
+
+    The pattern is matched against whole names in linear time (`portable.ir.safe_regex`: no
+    backreferences or lookarounds), so no plan can make matching hang."""
 
     pattern: str
     spec: PartitionSpec
+    _compiled: SafePattern = dataclasses.field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "_compiled", compile_pattern(self.pattern))
 
     def matches(self, name: str) -> bool:
-        return re.fullmatch(self.pattern, name) is not None
+        return self._compiled.fullmatch(name)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -230,19 +244,51 @@ class Plan:
 
     @staticmethod
     def from_json(data: Mapping[str, Any] | None) -> Plan:
+        """The plan of a `to_json` document (PlanError naming what is malformed: plans come
+        from files)."""
         if not data:
             return Plan()
-        mesh = Mesh(data["mesh"]) if data.get("mesh") else None
-        specs = tuple((k, PartitionSpec.from_json(v)) for k, v in data.get("specs", {}).items())
-        rules = tuple(
-            ShardingRule(r["pattern"], PartitionSpec.from_json(r["spec"]))
-            for r in data.get("rules", [])
-        )
+        if not isinstance(data, Mapping) or set(data) - _PLAN_FIELDS:
+            raise _bad_plan(f"a plan is an object with fields {sorted(_PLAN_FIELDS)}")
+        mesh = data.get("mesh")
+        if mesh is not None and not isinstance(mesh, Mapping):
+            raise _bad_plan("mesh is not {axis: size}")
+        specs, rules = data.get("specs", {}), data.get("rules", [])
+        if not isinstance(specs, Mapping) or not isinstance(rules, list):
+            raise _bad_plan("specs is not {tensor: spec} or rules is not a list")
+        for name in specs:
+            if (why := bad_text(name, limit=1024)) is not None:
+                raise _bad_plan(f"a tensor name in specs {why}")
+        for rule in rules:
+            if not isinstance(rule, Mapping) or set(rule) != {"pattern", "spec"}:
+                raise _bad_plan("a rule is not {pattern, spec}")
+        batch = data.get("batch_axes", [])
+        if not isinstance(batch, list) or not all(isinstance(a, str) for a in batch):
+            raise _bad_plan("batch_axes is not a list of axis names")
+        for key in ("fsdp_axis", "sequence_parallel"):
+            if data.get(key) is not None and not isinstance(data[key], str):
+                raise _bad_plan(f"{key} is not an axis name")
         return Plan(
-            mesh,
-            specs,
-            rules,
-            batch_axes=tuple(data.get("batch_axes", ())),
+            Mesh(dict(mesh)) if mesh else None,
+            tuple((k, _spec_from_json(v)) for k, v in specs.items()),
+            tuple(ShardingRule(r["pattern"], _spec_from_json(r["spec"])) for r in rules),
+            batch_axes=tuple(batch),
             fsdp_axis=data.get("fsdp_axis"),
             sequence_parallel=data.get("sequence_parallel"),
         )
+
+
+_PLAN_FIELDS = frozenset({"mesh", "specs", "rules", "batch_axes", "fsdp_axis", "sequence_parallel"})
+
+
+def _bad_plan(what: str) -> PlanError:
+    return PlanError(f"malformed plan: {what}", fix="write the plan with Plan.to_json()")
+
+
+def _spec_from_json(data: Any) -> PartitionSpec:
+    """A partition spec: one entry per dim, null or a list of axis names."""
+    if not isinstance(data, list) or not all(
+        d is None or isinstance(d, list) and all(isinstance(a, str) for a in d) for d in data
+    ):
+        raise _bad_plan(f"a partition spec is a list of null or [axis, ...], got {data!r:.80}")
+    return PartitionSpec.from_json(data)

@@ -188,6 +188,12 @@ def _to(emit, node, pair):
     return emit(aten._to_copy.default, pair(node.args[0]), dtype=dtype.to_real())
 
 
+def _dropped(emit, node, pair):
+    # export's runtime metadata asserts (`_assert_tensor_metadata(z, dtype=complex64)`): the
+    # dtypes were checked at export and the verifier checks the pair form statically
+    return None
+
+
 def _part(index: int) -> Rule:
     def rule(emit, node, pair):
         return emit(aten.select.int, pair(node.args[0]), -1, index)
@@ -222,6 +228,7 @@ RULES: dict[Any, Rule] = {
     aten.gather.default: _gather,
     aten.to.dtype: _to,
     aten._to_copy.default: _to,
+    aten._assert_tensor_metadata.default: _dropped,
 }
 
 
@@ -254,15 +261,12 @@ def lower_complex(
         if node.op != "call_function" or not _touches_complex(node):
             continue
         try:
-            rule = RULES.get(node.target)
-            if rule is None:
-                raise _Unsupported("complex values")
-            new = rule(_Emit(gm.graph, node), node, pair)
+            new = _apply_rule(gm.graph, node, pair)
         except _Unsupported as exc:
             raise _refused(node, str(exc), source_of) from None
         if _complex_node(node):
             pairs[node] = new
-        else:
+        elif new is not None:
             node.replace_all_uses_with(new)
         rewritten.append(node)
     for node in reversed(rewritten):
@@ -270,6 +274,15 @@ def lower_complex(
     gm.graph.lint()
     gm.recompile()
     return len(rewritten)
+
+
+def _apply_rule(graph: torch.fx.Graph, node: torch.fx.Node, pair) -> torch.fx.Node | None:
+    """The replacement of `node` (None: dropped); _Unsupported when no rule takes it."""
+    rule = RULES.get(node.target)
+    new = rule(_Emit(graph, node), node, pair) if rule is not None else None
+    if rule is None or (new is None and node.users):
+        raise _Unsupported("complex values")
+    return new
 
 
 def _touches_complex(node: torch.fx.Node) -> bool:

@@ -4,9 +4,15 @@ program = portable.capture(model, (x,))               # inference
 step = portable.capture(model, batch, loss_fn=..., optimizer=portable.optim.AdamW(lr=1e-3))
 run = portable.compile(program, backend="cpu")
 program.save("model.portable"); portable.load("model.portable")
+
+The module itself is the `@portable` decorator: `import portable` then `@portable(...)` or
+`@portable` (the same as `from portable import portable`).
 """
 
 from __future__ import annotations
+
+import sys
+import types
 
 from . import optim, parallel
 from .api import compile, lower
@@ -31,6 +37,17 @@ from .runtime import Executable, StepResult
 from .verify import verify
 
 __version__ = "0.1.0"
+
+
+class _Module(types.ModuleType):
+    """The `portable` package, callable as the `@portable` decorator."""
+
+    def __call__(self, *args, **kwargs):
+        return portable(*args, **kwargs)
+
+
+_Module.__call__.__doc__ = portable.__doc__
+sys.modules[__name__].__class__ = _Module
 
 __all__ = [
     "ArchiveError",

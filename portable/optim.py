@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -152,44 +153,126 @@ def to_torch(optimizer: Optimizer, params) -> torch.optim.Optimizer:
     raise CaptureError(f"no torch.optim equivalent for {type(optimizer).__name__}")
 
 
-def from_torch(optimizer: torch.optim.Optimizer) -> Optimizer:
-    """Read the hyper-parameters of a single-group `torch.optim.SGD` / `AdamW` instance."""
-    if len(optimizer.param_groups) != 1:
+def from_torch(
+    optimizer: torch.optim.Optimizer, params: Mapping[str, torch.Tensor] | None = None
+) -> Optimizer:
+    """The portable optimizer that takes exactly the steps of a fresh, single-group
+    `torch.optim.SGD` / `Adam` / `AdamW` instance.
+
+    What a captured step cannot reproduce is refused by name, never dropped: several parameter
+    groups, state from earlier steps, step hooks, an attached learning-rate scheduler, flags
+    without a portable equivalent (`maximize`, `amsgrad`, Adam's coupled weight decay), and,
+    given the model's trainable `params` (name -> tensor), an optimizer over other tensors."""
+    name = type(optimizer).__name__
+    _refuse_what_is_not_captured(optimizer, name)
+    if params is not None:
+        _check_covers(optimizer, name, params)
+    group = optimizer.param_groups[0]
+    if group.get("maximize"):
         raise CaptureError(
-            f"{type(optimizer).__name__} has {len(optimizer.param_groups)} parameter groups; "
-            "portable supports one",
-            fix="use portable.optim.SGD / AdamW, or a torch optimizer with one parameter group",
+            f"{name}(maximize=True) is not supported",
+            fix="minimize the negated objective (return -objective from loss_fn)",
         )
-    g = optimizer.param_groups[0]
     if type(optimizer) is torch.optim.SGD:
-        return SGD(
-            lr=float(g["lr"]),
-            momentum=g["momentum"],
-            dampening=g["dampening"],
-            weight_decay=g["weight_decay"],
-            nesterov=g["nesterov"],
-        )
-    if type(optimizer) is torch.optim.AdamW:
-        if g.get("amsgrad"):
-            raise CaptureError("AdamW(amsgrad=True) is not supported", fix="set amsgrad=False")
-        return AdamW(
-            lr=float(g["lr"]),
-            betas=tuple(g["betas"]),
-            eps=g["eps"],
-            weight_decay=g["weight_decay"],
-        )
+        return _sgd_from(group)
+    if type(optimizer) in (torch.optim.Adam, torch.optim.AdamW):
+        return _adamw_from(group, name, decoupled=type(optimizer) is torch.optim.AdamW)
     raise CaptureError(
-        f"optimizer {type(optimizer).__name__} is not supported",
-        fix="use torch.optim.SGD / AdamW or portable.optim.SGD / AdamW",
+        f"optimizer {name} is not supported",
+        fix="use torch.optim.SGD / Adam / AdamW or portable.optim.SGD / AdamW",
     )
 
 
-def as_optimizer(obj: Any) -> Optimizer:
-    """Accept a portable optimizer or a torch one."""
+_NOT_CAPTURED_YET = "not captured yet (schedules come with training recipes)"
+
+
+def _refuse_what_is_not_captured(optimizer: torch.optim.Optimizer, name: str) -> None:
+    if len(optimizer.param_groups) != 1:
+        raise CaptureError(
+            f"{name} has {len(optimizer.param_groups)} parameter groups; portable supports one",
+            fix="use portable.optim.SGD / AdamW, or a torch optimizer with one parameter group",
+        )
+    # torch's LRScheduler wraps the optimizer's step and records each group's initial_lr
+    if hasattr(optimizer.step, "_wrapped_by_lr_sched") or "initial_lr" in optimizer.param_groups[0]:
+        raise CaptureError(
+            f"a learning-rate scheduler is attached to {name}: a captured step runs at the "
+            f"constant lr {float(optimizer.param_groups[0]['lr']):g}; schedules are "
+            + _NOT_CAPTURED_YET,
+            fix="pass an optimizer without a scheduler and train at a constant lr, or capture "
+            "one program per lr value you need",
+        )
+    if optimizer.state:
+        raise CaptureError(
+            f"{name} has state from earlier steps ({len(optimizer.state)} parameters); a "
+            "captured step starts from fresh optimizer state",
+            fix=f"pass a fresh {name} (created over model.parameters(), never stepped)",
+        )
+    if optimizer._optimizer_step_pre_hooks or optimizer._optimizer_step_post_hooks:
+        raise CaptureError(
+            f"{name} has step hooks, which a captured step does not run",
+            fix="remove the hooks (handle.remove()) and do that work outside the program",
+        )
+
+
+def _check_covers(
+    optimizer: torch.optim.Optimizer, name: str, params: Mapping[str, torch.Tensor]
+) -> None:
+    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missing = [n for n, p in params.items() if id(p) not in held]
+    if missing or len(held) != len(params):
+        listed = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
+        raise CaptureError(
+            f"{name} holds {len(held & {id(p) for p in params.values()})} of the model's "
+            f"{len(params)} trainable parameters"
+            + (f" (not: {listed})" if missing else " and other tensors")
+            + "; a captured step updates every trainable parameter",
+            fix="create it over model.parameters(), or freeze the others with "
+            "param.requires_grad_(False) before capture",
+        )
+
+
+def _sgd_from(group: dict[str, Any]) -> SGD:
+    return SGD(
+        lr=float(group["lr"]),
+        momentum=float(group["momentum"]),
+        dampening=float(group["dampening"]),
+        weight_decay=float(group["weight_decay"]),
+        nesterov=bool(group["nesterov"]),
+    )
+
+
+def _adamw_from(group: dict[str, Any], name: str, *, decoupled: bool) -> AdamW:
+    if group.get("amsgrad"):
+        raise CaptureError(f"{name}(amsgrad=True) is not supported", fix="set amsgrad=False")
+    weight_decay = float(group["weight_decay"])
+    if weight_decay != 0 and not (decoupled or group.get("decoupled_weight_decay")):
+        raise CaptureError(
+            f"{name}'s weight_decay (L2 added to the gradient) is not AdamW's decoupled decay",
+            fix="use torch.optim.AdamW (or Adam(decoupled_weight_decay=True)), or weight_decay=0",
+        )
+    # torch.optim.AdamW is Adam with decoupled decay; with weight_decay=0 the two are one
+    return AdamW(
+        lr=float(group["lr"]),
+        betas=(float(group["betas"][0]), float(group["betas"][1])),
+        eps=float(group["eps"]),
+        weight_decay=weight_decay,
+    )
+
+
+def as_optimizer(obj: Any, params: Mapping[str, torch.Tensor] | None = None) -> Optimizer:
+    """Accept a portable optimizer or a torch one (read by `from_torch`, checked against the
+    model's trainable `params` when given). A learning-rate scheduler is refused by name."""
     if isinstance(obj, Optimizer):
         return obj
     if isinstance(obj, torch.optim.Optimizer):
-        return from_torch(obj)
+        return from_torch(obj, params)
+    if isinstance(obj, torch.optim.lr_scheduler.LRScheduler):
+        raise CaptureError(
+            f"{type(obj).__name__} is a learning-rate scheduler, not an optimizer; schedules are "
+            + _NOT_CAPTURED_YET,
+            fix="pass an optimizer without a scheduler to train at a constant lr "
+            "(portable.optim.AdamW(lr=...) or a fresh torch.optim one)",
+        )
     raise CaptureError(
         f"optimizer must be portable.optim.SGD/AdamW or a torch.optim optimizer, got {type(obj).__name__}",
         fix="pass optimizer=portable.optim.AdamW(lr=...)",

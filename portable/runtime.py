@@ -21,7 +21,7 @@ from .errors import InputError
 from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind, TensorSpec
 
-__all__ = ["Executable", "StepResult", "flatten_inputs"]
+__all__ = ["Executable", "StepResult", "flatten_inputs", "storage_problem"]
 
 FlatFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -107,11 +107,28 @@ def _check_input(program: Program, name: str, spec: TensorSpec, value) -> None:
     _check_signature(program.name, name, spec, value)
 
 
+def storage_problem(value: torch.Tensor) -> str | None:
+    """Why a tensor cannot be a program's value ("is a sparse tensor (torch.sparse_coo)", "is
+    on the meta device (no data)"), or None: programs hold dense (strided) tensors with data."""
+    if value.layout != torch.strided:
+        kind = "sparse tensor" if "sparse" in str(value.layout) else "tensor of layout"
+        return f"is a {kind} ({value.layout})"
+    if value.is_meta:
+        return "is on the meta device (no data)"
+    return None
+
+
 def _check_signature(program: str, name: str, spec: TensorSpec, value) -> None:
     if not isinstance(value, torch.Tensor):
         raise InputError(
             f"input `{name}` of {program} must be a tensor, got {type(value).__name__}",
             fix=f"pass a {spec} tensor",
+        )
+    problem = storage_problem(value)
+    if problem is not None:
+        raise InputError(
+            f"input `{name}` of {program} {problem}",
+            fix=f"pass a dense {spec} tensor with data (sparse: x.to_dense())",
         )
     got = TensorSpec.of(value)
     shape_ok = len(got.shape) == len(spec.shape) and all(

@@ -185,7 +185,7 @@ def _check_shape_rules(program: Program) -> None:
                 env[node] = args[0][args[1]]
                 continue
             entry = lookup(node.target)
-            _check_dtypes(node, entry, args)
+            _check_dtypes(node, entry, args, kwargs)
             try:
                 with mode:
                     result = node.target(*args, **kwargs)
@@ -203,13 +203,66 @@ def _check_shape_rules(program: Program) -> None:
             env[node] = result
 
 
-def _check_dtypes(node, entry, args) -> None:
+# Operands (schema names) that an op's eager kernel requires to share one dtype, not promoting
+# them, while its fake kernel does not check: a mixed node would verify and then fail at run
+# time ("expected m1 and m2 to have the same dtype"). tests/test_capture_errors.py checks every
+# entry against the eager kernel.
+SAME_DTYPE_OPERANDS: dict[str, tuple[str, ...]] = {
+    "aten.mm.default": ("self", "mat2"),
+    "aten.bmm.default": ("self", "mat2"),
+    "aten.addmm.default": ("self", "mat1", "mat2"),
+    "aten.convolution.default": ("input", "weight"),
+    "aten.convolution_backward.default": ("grad_output", "input", "weight"),
+    "aten.index_put.default": ("self", "values"),
+    "aten.nll_loss_forward.default": ("self", "weight"),
+    "aten.nll_loss_backward.default": ("grad_output", "self", "weight", "total_weight"),
+    "aten._softmax_backward_data.default": ("grad_output", "output"),
+    "aten._log_softmax_backward_data.default": ("grad_output", "output"),
+    "aten.native_layer_norm_backward.default": ("grad_out", "input"),
+    "aten.native_batch_norm_backward.default": ("grad_out", "input"),
+    "aten.avg_pool2d_backward.default": ("grad_output", "self"),
+    "portable.attention.default": ("q", "k", "v"),
+    "portable.attention_backward.default": ("q", "k", "v"),
+}
+# SDPA takes a bool mask, a float32 one, or one in the query's dtype
+_MASKED = ("portable.attention.default", "portable.attention_backward.default")
+_ONE_DTYPE_FIX = (
+    "use one dtype for these operands: cast the inputs to the weights' dtype (x.to(torch.float32)) "
+    "or the model to the inputs' (model.to(torch.float16))"
+)
+
+
+def _check_dtypes(node, entry, args, kwargs=None) -> None:
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if first is not None and not entry.accepts(first.dtype):
         _fail(
             f"{entry.name} does not take {first.dtype} (declared dtypes: {entry.dtypes})",
             node,
             fix="cast the input to a supported dtype",
+        )
+    names = SAME_DTYPE_OPERANDS.get(entry.name, ())
+    if not names:
+        return
+    operands = dict(zip((a.name for a in entry.overload._schema.arguments), args, strict=False))
+    operands.update(kwargs or {})
+    present = [(n, operands[n]) for n in names if isinstance(operands.get(n), torch.Tensor)]
+    if len({t.dtype for _, t in present}) > 1:
+        got = ", ".join(f"{n} is {t.dtype}" for n, t in present)
+        _fail(
+            f"{entry.name} needs one dtype for {', '.join(names)} (it does not promote them): {got}",
+            node,
+            fix=_ONE_DTYPE_FIX,
+            op=entry.name,
+        )
+    mask = operands.get("mask") if entry.name in _MASKED else None
+    allowed = (torch.bool, torch.float32, present[0][1].dtype) if present else ()
+    if isinstance(mask, torch.Tensor) and mask.dtype not in allowed:
+        _fail(
+            f"{entry.name}'s mask is {mask.dtype}; it must be bool, float32 or the query's dtype "
+            f"({present[0][1].dtype})",
+            node,
+            fix="cast the mask: mask.to(q.dtype), or pass a bool mask",
+            op=entry.name,
         )
 
 

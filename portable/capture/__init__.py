@@ -32,9 +32,12 @@ from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file
 from .known_constructs import explain, refuse_known_ops
+from .loss import as_loss_fn
 from .portable_ops import rewrite_to_portable_ops
 from .recompose import recompose
+from .regions import refuse_autocast
 from .sources import restore_sources
+from .tensors import check_tensors
 from .training import add_optimizer
 
 __all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
@@ -78,6 +81,7 @@ def capture(
             fix="pass the model instance (for a factory, call it first)",
         )
     args = tuple(example_inputs) if isinstance(example_inputs, (tuple, list)) else (example_inputs,)
+    check_tensors(model, args, kwargs or {})
     name = name or type(model).__name__
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
     try:
@@ -110,7 +114,9 @@ def _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, opti
             raise CaptureError(
                 "a training step needs an optimizer", fix="pass optimizer=portable.optim.AdamW(...)"
             )
-        opt = as_optimizer(optimizer)
+        trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
+        opt = as_optimizer(optimizer, trainable)
+        loss_fn = as_loss_fn(loss_fn, args, kwargs or {})
         options["optimizer"] = opt.to_dict()
         with _mode(model, training=True):
             program = _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options)
@@ -119,9 +125,11 @@ def _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, opti
 
 
 def capture_spec(
-    spec: ModelSpec, *, training: bool = False, model: torch.nn.Module | None = None
+    spec: ModelSpec | Any, *, training: bool = False, model: torch.nn.Module | None = None
 ) -> Program:
-    """Capture a `@portable` model with its recorded example inputs, loss and optimizer."""
+    """Capture a `@portable` model (the decorated class or factory, or its `ModelSpec`) with its
+    recorded example inputs, loss and optimizer."""
+    spec = _spec(spec)
     model = model if model is not None else spec.build()
     if not training:
         return capture(
@@ -140,6 +148,21 @@ def capture_spec(
         plan=spec.plan,
         name=f"{spec.name}.train_step",
     )
+
+
+def _spec(obj: Any) -> ModelSpec:
+    if isinstance(obj, ModelSpec):
+        return obj
+    spec = spec_of(obj)
+    if spec is None:
+        name = getattr(obj, "__qualname__", type(obj).__name__)
+        raise CaptureError(
+            f"capture_spec needs a @portable class or factory (or its ModelSpec); {name} is not "
+            "decorated with @portable",
+            fix="decorate it with @portable(example_inputs=...), or call "
+            "portable.capture(model, example_inputs)",
+        )
+    return spec
 
 
 def _default_optimizer():
@@ -216,6 +239,7 @@ def _untie(ep, strip_prefix: str):
 
 def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Program:
     ep = _export(model, args, kwargs, dynamic_shapes, "exporting the forward")
+    refuse_autocast(ep.graph_module)
     ep, tied = _untie(ep, "")
     _portable_ops(ep, "")
     try:
@@ -231,6 +255,7 @@ def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Pr
 def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options) -> Program:
     step = _LossStep(model, loss_fn)
     ep = _export(step, args, kwargs, dynamic_shapes, "exporting the loss")
+    refuse_autocast(ep.graph_module, _WRAPPER_PREFIX)
     _check_scalar_loss(ep)
     ep, tied = _untie(ep, _WRAPPER_PREFIX)
     _portable_ops(ep, _WRAPPER_PREFIX)

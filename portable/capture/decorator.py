@@ -22,8 +22,9 @@ from typing import Any
 
 import torch
 
-from ..errors import CaptureError
+from ..errors import CaptureError, PortableError
 from ..optim import Optimizer
+from .diagnose import user_code_failed
 
 __all__ = ["ModelSpec", "portable", "spec_of"]
 
@@ -63,7 +64,7 @@ class ModelSpec:
         """Instantiate the model under `seed` so every build has the same weights."""
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed)
-            model = self.target()
+            model = self._call(self.target, f"building `{self.name}`", _BUILD_FIX)
         if not isinstance(model, torch.nn.Module):
             raise CaptureError(
                 f"`{self.name}` built a {type(model).__name__}, not a torch.nn.Module",
@@ -80,13 +81,33 @@ class ModelSpec:
     def _seeded(self, value, field: str, offset: int) -> Inputs:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + offset)
-            out = _materialize(value)
+            out = self._call(
+                lambda: _materialize(value),
+                f"{field} of `{self.name}`",
+                f"fix the {field} function (it takes no arguments and returns a tuple of tensors)",
+            )
         if out is None:
             raise CaptureError(
                 f"`{self.name}` has no {field}",
                 fix=f"pass {field}=... to @portable",
             )
         return out
+
+    @staticmethod
+    def _call(fn: Callable[[], Any], what: str, fix: str) -> Any:
+        """fn(); an exception from the user's code becomes a CaptureError at the user's line."""
+        try:
+            return fn()
+        except PortableError:
+            raise
+        except Exception as exc:  # the user's factory may raise anything
+            raise user_code_failed(what, exc, fix=fix) from exc
+
+
+_BUILD_FIX = (
+    "fix the error at that line; a @portable class is constructed with no arguments (give its "
+    "parameters defaults, or decorate a zero-argument factory instead)"
+)
 
 
 def portable(

@@ -5,12 +5,16 @@ the usage); a PortableError or OSError prints `error: <message>` to stderr and r
 ExitCode (exit_codes.py), with the traceback only under `--debug`; anything else is a bug: the
 traceback is printed and 70 returned. With `--json`, a failure also prints
 `{"status": "error", "exit_code": N, "error": {"type": ..., "message": ...}}` to stdout.
+Ctrl-C (SIGINT) and SIGTERM stop the command (interrupts.py) with one `error:` line and exit
+130 / 143 (128 + the signal), after it undid its work (no partial output is left).
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
+import signal
 import sys
 import traceback
 
@@ -18,6 +22,7 @@ from .. import __version__
 from ..errors import PortableError
 from . import check, inspection, listing, lower, run
 from .exit_codes import EPILOG, ExitCode, exit_code_for
+from .interrupts import handling_interrupts
 
 __all__ = ["build_parser", "main"]
 
@@ -57,6 +62,11 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit as exc:  # argparse: --help/--version (0) or a usage error (2)
         return exc.code if isinstance(exc.code, int) else ExitCode.USAGE
     args.argv = argv
+    with handling_interrupts(functools.partial(_interrupt_text, args)):
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.run(args))
     except (PortableError, OSError) as exc:
@@ -66,6 +76,24 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:  # a bug in portable or a backend: show everything
         traceback.print_exception(exc)
         return _fail(args, exc, ExitCode.INTERNAL_ERROR)
+    except KeyboardInterrupt as exc:  # Ctrl-C or SIGTERM, after the command undid its work
+        if args.debug:
+            traceback.print_exception(exc)
+        err, out = _interrupt_text(args, getattr(exc, "signum", signal.SIGINT))
+        sys.stdout.write(out or "")
+        sys.stderr.write(err)
+        return getattr(exc, "exit_code", ExitCode.INTERRUPTED)
+
+
+def _interrupt_text(args: argparse.Namespace, signum: int) -> tuple[str, str | None]:
+    """The one line for stderr (and the JSON document for stdout with --json)."""
+    how = "interrupted by Ctrl-C (SIGINT)" if signum == signal.SIGINT else "terminated (SIGTERM)"
+    message = f"{how}: stopped before finishing; no partial output was left"
+    doc = None
+    if getattr(args, "json", False):
+        error = {"type": "Interrupted", "message": message}
+        doc = {"status": "error", "exit_code": 128 + signum, "error": error}
+    return f"error: {message}\n", json.dumps(doc, indent=2) + "\n" if doc else None
 
 
 def _fail(args: argparse.Namespace, exc: Exception, code: ExitCode) -> int:

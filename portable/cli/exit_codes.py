@@ -21,6 +21,8 @@ class ExitCode(enum.IntEnum):
     COMPILER_MISSING = 7  # --compile, and neuronx-cc is not on PATH (nothing was written)
     COMPILE_FAILED = 8  # --compile: neuronx-cc failed on a program; the output was still written
     INTERNAL_ERROR = 70  # a bug (unexpected exception); the traceback is printed
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); no partial output is left
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM); no partial output is left
 
 
 EPILOG = """exit codes:
@@ -34,7 +36,8 @@ EPILOG = """exit codes:
   6   `portable check` found problems
   7   --compile, but neuronx-cc is not on PATH (checked before capture; nothing written)
   8   --compile: neuronx-cc failed on a program (the output and its logs were still written)
-  70  internal error (a bug; the traceback is printed)"""
+  70  internal error (a bug; the traceback is printed)
+  130 interrupted by Ctrl-C (SIGINT); 143: SIGTERM (no partial output is left)"""
 
 
 class OutputConflictError(PortableError):

@@ -2,7 +2,10 @@
 
 `staging(out, force=...)` yields an empty temporary directory beside `out`; when the block
 finishes, the directory is renamed into place, and when it raises, it is deleted, so `out` is
-either the complete new output or left exactly as it was.
+either the complete new output or left exactly as it was: a swap interrupted by an exception of
+any kind puts the previous output back, signals wait until the swap is done (interrupts.py), and
+what a killed run (kill -9, a crash) left beside `out` is cleaned up, or the previous output put
+back, by the next run into `out` (`recover_stale`; a run's lock file tells live runs from dead).
 
 What may be replaced: nothing (`out` absent), an empty directory, or, with `force`, an earlier
 `portable lower` output: a directory whose manifest carries our format marker and that holds no
@@ -13,16 +16,23 @@ file the manifest does not list. Anything else is foreign and is never touched
 from __future__ import annotations
 
 import contextlib
+import glob
 import os
+import secrets
 import shutil
-import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
 from .exit_codes import OutputConflictError
+from .interrupts import abandon_on_stop, deferred
 from .manifest import listed_files, read_manifest
 
-__all__ = ["check_destination", "staging"]
+try:
+    import fcntl
+except ImportError:  # not POSIX: no locks, so no cleanup of other runs' leftovers
+    fcntl = None  # type: ignore[assignment]
+
+__all__ = ["check_destination", "recover_stale", "staging"]
 
 
 def check_destination(out: Path, *, force: bool) -> None:
@@ -61,39 +71,125 @@ def check_destination(out: Path, *, force: bool) -> None:
 
 @contextlib.contextmanager
 def staging(out: Path, *, force: bool) -> Iterator[Path]:
-    """Yield a temporary directory that becomes `out` when the block succeeds."""
+    """Yield a temporary directory that becomes `out` when the block succeeds.
+
+    Leftovers of runs into the same `out` that were killed (kill -9, a crash) are cleaned first:
+    see `recover_stale`."""
     out = Path(os.path.abspath(out))
     check_destination(out, force=force)
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    tmp.chmod(0o777 & ~_umask())  # mkdtemp makes it private; the output gets normal permissions
-    try:
-        yield tmp
-        _commit(tmp, out, force=force)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+    recover_stale(out)
+    with _Claim(out) as claim, abandon_on_stop(claim.abandon):
+        claim.tmp.mkdir(mode=0o777)  # the umask applies: the output gets normal permissions
+        try:
+            yield claim.tmp
+            _commit(claim, out, force=force)
+        finally:
+            claim.remove_tmp()
 
 
-def _commit(tmp: Path, out: Path, *, force: bool) -> None:
-    check_destination(out, force=force)  # again: `out` may have changed while we worked
-    old = None
-    if out.exists():
-        old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-        os.replace(out, old)  # `old` is an empty directory, so this rename is allowed
-    try:
-        os.rename(tmp, out)
-    except OSError:
-        if old is not None:
-            os.replace(old, out)
-        raise
-    if old is not None:
-        shutil.rmtree(old, ignore_errors=True)
+def recover_stale(out: Path) -> list[str]:
+    """Undo what runs into `out` that died left beside it; return the names removed.
+
+    Each run holds an exclusive lock (flock) on its lock file `.OUT.tmp-TOKEN.lock` while it
+    works; the kernel releases it when the process ends, however it ends. A lock we can take
+    belongs to a dead run: its `.OUT.tmp-TOKEN/` is deleted, and its `.OUT.old-TOKEN/` (the
+    previous output, moved aside by a swap that died half way) is put back as `out` when `out`
+    is missing, or deleted. Locked files are live runs' and are never touched; so are
+    directories without a lock file (not ours to judge)."""
+    removed: list[str] = []
+    if fcntl is None:
+        return removed
+    for lock in sorted(out.parent.glob(f".{glob.escape(out.name)}.tmp-*.lock")):
+        try:
+            fd = os.open(lock, os.O_RDWR)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # a live run holds it
+            os.close(fd)
+            continue
+        try:
+            removed += _Claim.from_lock(out, lock).recover()
+            lock.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+    return removed
 
 
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+class _Claim:
+    """The lock file, staging directory and set-aside directory of one run into `out`."""
+
+    def __init__(self, out: Path, token: str | None = None) -> None:
+        self.out = out
+        self.token = token or f"{os.getpid()}-{secrets.token_hex(4)}"
+        base = out.parent / f".{out.name}"
+        self.tmp = Path(f"{base}.tmp-{self.token}")
+        self.old = Path(f"{base}.old-{self.token}")
+        self.lock = Path(f"{self.tmp}.lock")
+        self._fd: int | None = None
+
+    @classmethod
+    def from_lock(cls, out: Path, lock: Path) -> _Claim:
+        token = lock.name[len(f".{out.name}.tmp-") : -len(".lock")]
+        return cls(out, token)
+
+    def __enter__(self) -> _Claim:
+        # locked under a private name, then renamed: a sweeper never sees it unlocked
+        hidden = Path(f"{self.lock}.new")
+        fd = os.open(hidden, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+        if fcntl is not None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        os.rename(hidden, self.lock)
+        self._fd = fd
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.lock.unlink(missing_ok=True)
+        if self._fd is not None:
+            os.close(self._fd)
+
+    def remove_tmp(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+    def abandon(self) -> None:
+        """What a process that ends at once removes (see interrupts.abandon_on_stop)."""
+        self.remove_tmp()
+        self.lock.unlink(missing_ok=True)
+
+    def recover(self) -> list[str]:
+        """A dead run's leftovers: the staging directory deleted, a set-aside output restored."""
+        removed = []
+        if self.old.is_dir():
+            if not self.out.exists() and not self.out.is_symlink():
+                os.rename(self.old, self.out)  # the swap died between its two renames
+            else:
+                shutil.rmtree(self.old, ignore_errors=True)
+                removed.append(self.old.name)
+        if self.tmp.exists():
+            shutil.rmtree(self.tmp, ignore_errors=True)
+            removed.append(self.tmp.name)
+        return removed
+
+
+def _commit(claim: _Claim, out: Path, *, force: bool) -> None:
+    """Swap the staging directory into place. Whatever is raised between the two renames (an
+    OSError, an interrupt, a bug), the previous output is put back; signals wait for the end."""
+    with deferred():
+        check_destination(out, force=force)  # again: `out` may have changed while we worked
+        moved = out.exists()
+        if moved:
+            os.rename(out, claim.old)
+        try:
+            os.rename(claim.tmp, out)
+        except BaseException:
+            if moved:
+                os.rename(claim.old, out)
+            raise
+    if moved:
+        shutil.rmtree(claim.old, ignore_errors=True)
 
 
 def _sample(paths: set[str], limit: int = 5) -> str:

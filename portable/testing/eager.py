@@ -13,6 +13,7 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.utils._pytree as pytree
 
+from ..capture.loss import as_loss_fn
 from ..ir.program import Program, ProgramKind
 from ..optim import Optimizer, to_torch
 
@@ -41,9 +42,10 @@ def eager_results(
     eager = to_torch(opt, [p for p in model.parameters() if p.requires_grad])
     model.train()
     results = {}
+    step_loss = as_loss_fn(loss_fn, tuple(inputs), {})  # a criterion as capture calls it
     for step in range(steps):
         eager.zero_grad()
-        loss = loss_fn(model, *inputs)
+        loss = step_loss(model, *inputs)
         loss.backward()
         eager.step()
         results[f"loss step {step + 1}"] = loss.detach()

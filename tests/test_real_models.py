@@ -403,6 +403,8 @@ class _ComplexCase(nn.Module):
             return z * z
         if self.case == "parameter":
             return torch.view_as_real(z * self.w)
+        if self.case == "scalar":
+            return torch.view_as_real(x * 1j)
         return torch.view_as_real(torch.exp(z))  # an op the rewrite does not take
 
 
@@ -411,6 +413,7 @@ COMPLEX_REFUSALS = {
     "output": ("returns a complex tensor", "return torch.view_as_real(z)"),
     "parameter": ("parameter w is complex", "store it as torch.view_as_real pairs"),
     "op": ("aten.exp.default on complex values is not supported", "write that line with real"),
+    "scalar": ("aten.mul.Tensor on a complex Python scalar is not supported", "write that line"),
 }
 
 
@@ -465,12 +468,19 @@ COMPLEX_RULES = {
     "mul_real_tensor": lambda x: torch.view_as_real(_z(x) * x[..., :4]),
     "mul_scalar": lambda x: torch.view_as_real(_z(x) * 3.0),
     "add_sub": lambda x: torch.view_as_real(_z(x) + _z(x) * 2 - _z(x)[:1]),
+    "add_alpha": lambda x: torch.view_as_real(torch.add(_z(x), _z(x)[:, :1], alpha=0.5)),
+    "cat_stack": lambda x: torch.view_as_real(
+        torch.cat([_z(x), _z(x)[:, :1]], -2) * torch.stack([_z(x)[:, 0]] * 4, 1)
+    ),
+    "real_to_complex": lambda x: torch.view_as_real(
+        x.to(torch.complex64) * _z(x).reshape(2, 3, 4)[..., :1].expand(2, 3, 8)
+    ),
     "neg_clone": lambda x: torch.view_as_real(-_z(x).clone()),
     "real_imag": lambda x: _z(x).real * 2 + _z(x).imag,
     "slice_select": lambda x: torch.view_as_real(_z(x)[:, 1:, 2] * _z(x)[:, :2, -1]),
     "index_select": lambda x: torch.view_as_real(_z(x).index_select(-1, torch.tensor([3, 0]))),
     "reshape_view": lambda x: torch.view_as_real(_z(x).reshape(6, 4).view(2, 12)),
-    "permute_transpose": lambda x: torch.view_as_real(_z(x).permute(2, 0, 1).transpose(-1, 0)),
+    "permute_transpose": lambda x: torch.view_as_real(_z(x).permute(2, -3, 1).transpose(-1, 0)),
     "unsqueeze_expand": lambda x: torch.view_as_real(_z(x).unsqueeze(-2).expand(2, 3, 5, 4)),
     "to_complex128": lambda x: torch.view_as_real(_z(x).to(torch.complex128) * 2),
     "polar": lambda x: torch.view_as_real(torch.polar(x[..., :4].abs(), x[..., 4:])),

@@ -78,10 +78,36 @@ def _dim(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
 
 
+def _arguments(node: torch.fx.Node) -> dict[str, Any]:
+    """The node's arguments by schema name, defaults filled in."""
+    values = {}
+    for i, arg in enumerate(node.target._schema.arguments):
+        if i < len(node.args) and not arg.kwarg_only:
+            values[arg.name] = node.args[i]
+        elif arg.name in node.kwargs:
+            values[arg.name] = node.kwargs[arg.name]
+        elif arg.has_default_value():
+            values[arg.name] = arg.default_value
+    return values
+
+
+def _again(emit: _Emit, node: torch.fx.Node, pair, **changes: Any) -> torch.fx.Node:
+    """`node`'s op once more, on the pairs of its tensor arguments, with `changes` by name."""
+    values = {**_arguments(node), **changes}
+    args, kwargs = [], {}
+    for arg in node.target._schema.arguments:
+        value = torch.fx.node.map_aggregate(values[arg.name], pair)
+        if arg.kwarg_only:
+            kwargs[arg.name] = value
+        else:
+            args.append(value)
+    return emit(node.target, *args, **kwargs)
+
+
 # -- rules: (emit, node, pair-of) -> the replacement node ------------------------------------
 # `pair(x)` is the pair tensor of a complex node x (or x itself for a real value).
 
-Rule = Callable[[_Emit, torch.fx.Node, Callable[[Any], Any]], torch.fx.Node]
+Rule = Callable[[_Emit, torch.fx.Node, Callable[[Any], Any]], torch.fx.Node | None]
 
 
 def _view_as_complex(emit, node, pair):
@@ -107,22 +133,25 @@ def _complex_mul(emit, x, y):
 
 
 def _mul(emit, node, pair):
-    x, y = node.args[:2]
+    x, y = _arguments(node)["self"], _arguments(node)["other"]
     if _complex_node(x) and _complex_node(y):
         return _complex_mul(emit, pair(x), pair(y))
     z, other = (x, y) if _complex_node(x) else (y, x)
+    if not _complex_node(z) or isinstance(other, complex):
+        raise _Unsupported("a complex Python scalar")
     if isinstance(other, torch.fx.Node):  # complex * real tensor: scale both parts
         other = emit(aten.unsqueeze.default, other, -1)
-    elif isinstance(other, complex):
-        raise _Unsupported("a complex Python scalar")
     return emit(aten.mul.Tensor, pair(z), other)
 
 
 def _add_or_sub(emit, node, pair):
-    x, y = node.args[:2]
-    if not (_complex_node(x) and _complex_node(y)):
+    # (a + ib) +- alpha (c + id) = (a +- alpha c) + i(b +- alpha d); alpha must be real
+    a = _arguments(node)
+    if not (_complex_node(a["self"]) and _complex_node(a["other"])):
         raise _Unsupported("a complex and a real operand")
-    return emit(node.target, pair(x), pair(y), *node.args[2:])
+    if isinstance(a["alpha"], complex):
+        raise _Unsupported("a complex alpha")
+    return _again(emit, node, pair)
 
 
 def _polar(emit, node, pair):
@@ -134,58 +163,66 @@ def _polar(emit, node, pair):
 
 
 def _same(emit, node, pair):
-    # ops without dims or shapes (clone, alias, neg): the same op on the pair
-    return emit(node.target, pair(node.args[0]), *node.args[1:], **node.kwargs)
+    # ops without dims or shapes (clone, alias, neg), or whose dims all lead (index: index
+    # tensors address the leading dims, the pair dim follows): the same op on the pair
+    return _again(emit, node, pair)
 
 
 def _on_dim(emit, node, pair):
-    # slice/select/index_select(z, dim, ...): dim made non-negative, so it names the same dim
-    z, dim = node.args[:2]
-    return emit(node.target, pair(z), _dim(dim, _rank(z)), *node.args[2:])
+    # slice/select/index_select/gather(z, dim, ...): dim made non-negative, so it names the
+    # same dim of the pair
+    z = _arguments(node)["self"]
+    return _again(emit, node, pair, dim=_dim(_arguments(node)["dim"], _rank(z)))
+
+
+def _joined(emit, node, pair):
+    # cat/stack(zs, dim): every operand complex; dim counted on the result's complex dims
+    a = _arguments(node)
+    if not all(_complex_node(z) for z in a["tensors"]):
+        raise _Unsupported("a complex and a real operand")
+    return _again(emit, node, pair, dim=_dim(a["dim"], _rank(node)))
 
 
 def _unsqueeze(emit, node, pair):
-    z, dim = node.args[:2]
-    return emit(node.target, pair(z), _dim(dim, _rank(z) + 1))
+    return _again(emit, node, pair, dim=_dim(_arguments(node)["dim"], _rank(node)))
 
 
 def _with_shape(emit, node, pair):
-    # view/reshape/expand(z, shape) -> the same with the pair dim appended
-    z, shape = node.args[:2]
-    return emit(node.target, pair(z), [*shape, 2])
+    # view/reshape/_unsafe_view/expand(z, shape) -> the same with the pair dim appended
+    name = node.target._schema.arguments[1].name  # "size" or "shape"
+    return _again(emit, node, pair, **{name: [*_arguments(node)[name], 2]})
 
 
 def _permute(emit, node, pair):
-    z, dims = node.args[:2]
-    rank = _rank(z)
-    return emit(node.target, pair(z), [*(_dim(d, rank) for d in dims), rank])
+    rank = _rank(node)
+    dims = [_dim(d, rank) for d in _arguments(node)["dims"]]
+    return _again(emit, node, pair, dims=[*dims, rank])
 
 
 def _transpose(emit, node, pair):
-    z, d0, d1 = node.args[:3]
-    rank = _rank(z)
-    return emit(node.target, pair(z), _dim(d0, rank), _dim(d1, rank))
-
-
-def _index(emit, node, pair):
-    # z[i0, i1, ...]: index tensors address the leading dims, the pair dim follows
-    return emit(node.target, pair(node.args[0]), node.args[1])
+    a, rank = _arguments(node), _rank(node)
+    return _again(emit, node, pair, dim0=_dim(a["dim0"], rank), dim1=_dim(a["dim1"], rank))
 
 
 def _gather(emit, node, pair):
     # gather(z, dim, index): the index gets the pair dim (both parts of each element)
-    z, dim, index = node.args[:3]
+    index = _arguments(node)["index"]
     shape = [*index.meta["val"].shape, 2]
     index = emit(aten.expand.default, emit(aten.unsqueeze.default, index, -1), shape)
-    return emit(node.target, pair(z), _dim(dim, _rank(z)), index)
+    z = _arguments(node)["self"]
+    return _again(emit, node, pair, dim=_dim(_arguments(node)["dim"], _rank(z)), index=index)
 
 
 def _to(emit, node, pair):
-    # to(z, dtype) between complex dtypes: the pair converts to the matching real dtype
-    dtype = node.meta["val"].dtype
+    # to(z, complex dtype): the pair converts to the matching real dtype; a real x becomes
+    # the pair (x, 0)
+    dtype, source = node.meta["val"].dtype, node.args[0]
     if not dtype.is_complex:
         raise _Unsupported(f"a conversion to {dtype} (it drops the imaginary part)")
-    return emit(aten._to_copy.default, pair(node.args[0]), dtype=dtype.to_real())
+    real = emit(aten._to_copy.default, pair(source), dtype=dtype.to_real())
+    if _complex_node(source):
+        return real
+    return emit(aten.stack.default, [real, emit(aten.zeros_like.default, real)], -1)
 
 
 def _dropped(emit, node, pair):
@@ -224,8 +261,10 @@ RULES: dict[Any, Rule] = {
     aten.expand.default: _with_shape,
     aten.permute.default: _permute,
     aten.transpose.int: _transpose,
-    aten.index.Tensor: _index,
+    aten.index.Tensor: _same,
     aten.gather.default: _gather,
+    aten.cat.default: _joined,
+    aten.stack.default: _joined,
     aten.to.dtype: _to,
     aten._to_copy.default: _to,
     aten._assert_tensor_metadata.default: _dropped,

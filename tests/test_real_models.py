@@ -132,6 +132,43 @@ def test_hf_moe_default_experts_are_refused_and_the_named_fix_captures(name, imp
         assert torch.equal(portable.compile(program)(ids), model(ids).logits)
 
 
+def test_hf_experts_remedy_only_restates_failures_inside_the_experts():
+    import inspect
+
+    from portable.capture.known_constructs import explain
+
+    model = _hf_moe("mixtral")  # grouped_mm
+    experts = model.model.layers[0].mlp.experts
+    attention = model.model.layers[0].self_attn
+    file = inspect.getsourcefile(type(experts))
+    line = inspect.getsourcelines(type(experts))[1] + 1
+
+    def error(module=None, source=None):
+        return portable.CaptureError(
+            "op aten.x.default is not in the portable opset", module=module, source=source
+        )
+
+    from transformers.integrations import moe
+
+    inside = [
+        error(module="model.layers.0.mlp.experts"),
+        error(source=f"{file}:{line}  `code`"),
+        error(source=f"{moe.__file__}:634"),
+    ]
+    for e in inside:
+        assert "experts_implementation='grouped_mm'" in str(explain(e, model)), e
+    attention_line = inspect.getsourcelines(type(attention))[1] + 1
+    outside = [
+        error(module="model.layers.0.self_attn"),
+        error(source=f"{file}:{attention_line}"),
+        error(),
+    ]
+    for e in outside:
+        assert explain(e, model) is e
+    model.set_experts_implementation("batched_mm")
+    assert explain(inside[0], model) is inside[0]
+
+
 CAPTURED = list(MOE) if FULL else ["qwen2_moe", "deepseek_v3"]
 
 

@@ -217,15 +217,18 @@ def _refuse_what_is_not_captured(optimizer: torch.optim.Optimizer, name: str) ->
 def _check_covers(
     optimizer: torch.optim.Optimizer, name: str, params: Mapping[str, torch.Tensor]
 ) -> None:
-    held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    # tensors that do not require grad never get a gradient, so torch.optim skips them too
+    held = {id(p) for group in optimizer.param_groups for p in group["params"] if p.requires_grad}
     missing = [n for n, p in params.items() if id(p) not in held]
-    if missing or len(held) != len(params):
+    foreign = len(held - {id(p) for p in params.values()})
+    if missing or foreign:
         listed = ", ".join(missing[:5]) + (", ..." if len(missing) > 5 else "")
         raise CaptureError(
-            f"{name} holds {len(held & {id(p) for p in params.values()})} of the model's "
-            f"{len(params)} trainable parameters"
-            + (f" (not: {listed})" if missing else " and other tensors")
-            + "; a captured step updates every trainable parameter",
+            f"{name} holds {len(params) - len(missing)} of the model's {len(params)} trainable "
+            "parameters"
+            + (f" (not: {listed})" if missing else "")
+            + (f" and {foreign} other tensor(s)" if foreign else "")
+            + "; a captured step updates every trainable parameter of the model",
             fix="create it over model.parameters(), or freeze the others with "
             "param.requires_grad_(False) before capture",
         )

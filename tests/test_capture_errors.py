@@ -389,10 +389,10 @@ def test_torch_optimizers_that_are_not_exact_are_refused(make, message):
         )
 
 
-def _capture_with(model, optimizer):
+def _capture_with(model, optimizer, batch=None):
     return portable.capture(
         model,
-        (torch.randn(2, 4), torch.randn(2, 3)),
+        batch or (torch.randn(2, 4), torch.randn(2, 3)),
         loss_fn=lambda m, a, b: F.mse_loss(m(a), b),
         optimizer=optimizer,
     )
@@ -429,6 +429,26 @@ def test_an_optimizer_with_state_or_hooks_or_other_parameters_is_refused():
         _capture_with(model, opt)
     assert "SGD holds 2 of the model's 4 trainable parameters" in str(info.value)
     assert "fc1.weight" in str(info.value)
+
+
+def test_frozen_parameters_in_a_torch_optimizer_are_skipped_as_torch_skips_them():
+    torch.manual_seed(0)
+    model = TwoLayer()
+    model.fc1.requires_grad_(False)
+    x, y = torch.randn(6, 4), torch.randn(6, 3)
+    eager = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    result = portable.compile(_capture_with(model, eager, (x, y)), backend="cpu")(x, y)
+    eager.zero_grad()
+    F.mse_loss(model(x), y).backward()
+    eager.step()
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(result.state[name], value, rtol=1e-6, atol=1e-7)
+
+    stray = torch.zeros(3, requires_grad=True)
+    with pytest.raises(
+        CaptureError, match=r"SGD holds 2 of the model's 2 trainable parameters and 1 other"
+    ):
+        _capture_with(model, torch.optim.SGD([*model.fc2.parameters(), stray], lr=0.1))
 
 
 # item 17: torch.autocast ---------------------------------------------------------------------------

@@ -232,6 +232,23 @@ def test_pt2_training_step_updates_its_buffers_like_the_cpu_backend(written, ste
         assert torch.equal(buffers[name], cpu.state[key]), key
 
 
+def test_a_failed_pt2_export_writes_nothing_and_says_so(tmp_path, monkeypatch):
+    """The layout is written whole or not at all: when torch.export refuses the program, the
+    error says nothing was written (it used to promise kernels and graph.py that were not)."""
+
+    def refuse(*args, **kwargs):
+        raise RuntimeError("export refused")
+
+    program = _program("mlp", "inference")
+    monkeypatch.setattr(torch.export, "export", refuse)
+    out = tmp_path / "cuda"
+    with pytest.raises(portable.LoweringError) as err:
+        portable.lower(program, "cuda:sm_90", out)
+    assert "export refused" in str(err.value) and "nothing was written" in err.value.fix
+    assert "still usable" not in str(err.value)
+    assert not out.exists() and list(tmp_path.iterdir()) == []
+
+
 def test_pt2_has_no_pickle_and_pickled_archives_are_refused(written, tmp_path):
     import zipfile
 

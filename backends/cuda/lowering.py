@@ -13,6 +13,8 @@ Two graphs come out, both over the program's flat signature (placeholders in sig
   CPU the same graph runs them in Triton's interpreter), and on archs with native MX the
   `dequantize -> matmul` pattern replaced by the block-scaled matmul (`mx_matmul.py`).
 
+Fake values (`meta["val"]`) are derived from the program's recorded specs (`values.py`), never
+taken from capture, so a loaded archive lowers exactly as the fresh capture it was saved from.
 Every rewritten node keeps its metadata (fake value, user source line). Each node that does not
 simply stay a PyTorch op gets a `Decision` naming what runs it, which the manifest records.
 """
@@ -32,6 +34,7 @@ from portable.torch_compat import copy_graph_module
 from . import dispatch
 from .mx_matmul import rewrite_mx_matmuls
 from .targets import CudaArch
+from .values import annotate_fake_values
 
 __all__ = ["Decision", "export_graph", "kernel_graph", "mx_mode", "retarget_devices"]
 
@@ -79,7 +82,8 @@ def _full_args(node: torch.fx.Node) -> tuple[tuple, dict]:
 
 
 def _shape(value: Any) -> tuple:
-    return tuple(value.meta["val"].shape) if isinstance(value, torch.fx.Node) else ()
+    """The recorded shape of a graph value (dims are ints or symbol names); () for a non-node."""
+    return tuple(value.meta["tensor"].shape) if isinstance(value, torch.fx.Node) else ()
 
 
 def sdpa_covers(args: dict[str, Any]) -> tuple[bool, str]:
@@ -115,8 +119,10 @@ _ATEN_EQUIVALENTS = {
 
 
 def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]]:
-    """The arch-neutral graph over ATen ops and the kernel-backed portable ops."""
+    """The arch-neutral graph over ATen ops and the kernel-backed portable ops, with the fake
+    value of every node in `meta["val"]`."""
     gm = copy_graph_module(program.graph_module)
+    annotate_fake_values(gm, program)
     graph = gm.graph
     decisions: list[Decision] = []
     for node in list(graph.nodes):

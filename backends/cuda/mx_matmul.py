@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import torch
 
+from portable.ir.signature import TensorSpec
 from portable.ir.source import source_of
 
 from .targets import CudaArch
@@ -37,7 +38,7 @@ def _dequantize(node) -> dict | None:
         return None
     codes, scales, fmt, axis, dtype = node.args[:5]
     block = node.args[5] if len(node.args) > 5 else node.kwargs.get("block_size", 32)
-    shape = tuple(node.meta["val"].shape)
+    shape = tuple(node.meta["tensor"].shape)  # recorded dims: ints, or symbols (dynamic)
     if len(shape) != 2:
         return None
     return {
@@ -87,10 +88,8 @@ def _oriented(graph: torch.fx.Graph, operand: dict) -> tuple:
     scales = graph.call_function(aten.t.default, (operand["scales"],))
     for new, old in ((codes, operand["codes"]), (scales, operand["scales"])):
         new.meta["val"] = old.meta["val"].t()
-        if "tensor" in old.meta:
-            from portable.ir.signature import TensorSpec
-
-            new.meta["tensor"] = TensorSpec.of(new.meta["val"])
+        spec = old.meta["tensor"]
+        new.meta["tensor"] = TensorSpec(tuple(reversed(spec.shape)), spec.dtype)
     return codes, scales
 
 
@@ -106,6 +105,9 @@ def _native_refusal(a: dict, b: dict) -> str:
         return f"format {a['format']}/{b['format']}: native MX matmul here takes e4m3 or e5m2"
     if a["block"] != 32 or b["block"] != 32:
         return "block size must be 32"
+    dynamic = [d for d in (m, n, k) if isinstance(d, str)]
+    if dynamic:
+        return f"dynamic dims {', '.join(dynamic)}: the GEMM needs static M, N and K"
     if m % 16 or n % 16 or k % 32:
         return f"M={m}, N={n}, K={k}: the GEMM needs M, N multiples of 16 and K of 32"
     if a["dtype"] not in (torch.bfloat16, torch.float16, torch.float32):

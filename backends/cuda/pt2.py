@@ -27,6 +27,8 @@ from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, OutputKind
 from portable.torch_compat import quiet_internal_warnings
 
+from .values import concrete_shape
+
 __all__ = ["ProgramModule", "buffer_name", "export_program", "load_pt2", "save_pt2"]
 
 
@@ -63,8 +65,8 @@ class ProgramModule(torch.nn.Module):
 
 
 def _example_inputs(program: Program) -> tuple[tuple[torch.Tensor, ...], Any]:
-    """Inputs of the signature's shapes (dynamic dims at a size inside their range) and the
-    `dynamic_shapes` that declare those dims again."""
+    """Inputs of the signature's shapes (dynamic dims at their planning size, `values.py`) and
+    the `dynamic_shapes` that declare those dims again."""
     symbols = program.metadata.get("symbolic_dims", {})
     dims = {
         name: torch.export.Dim(name.replace("-", "_"), min=b["min"], max=b["max"] or 2**31 - 2)
@@ -72,14 +74,8 @@ def _example_inputs(program: Program) -> tuple[tuple[torch.Tensor, ...], Any]:
     }
     examples, dynamic = [], []
     for spec in program.signature.user_inputs:
-        shape, decl = [], {}
-        for d, size in enumerate(spec.spec.shape):
-            if isinstance(size, str):
-                bounds = symbols.get(size, {"min": 2, "max": None})
-                shape.append(min(max(bounds["min"], 4), bounds["max"] or 4))
-                decl[d] = dims[size]
-            else:
-                shape.append(size)
+        shape = concrete_shape(spec.spec, symbols)
+        decl = {d: dims[size] for d, size in enumerate(spec.spec.shape) if isinstance(size, str)}
         dtype = spec.spec.dtype
         value = (
             torch.zeros(shape, dtype=dtype)
@@ -102,7 +98,8 @@ def export_program(program: Program, gm: torch.fx.GraphModule) -> torch.export.E
         raise LoweringError(
             f"torch.export could not export {program.name} for the .pt2: {exc}",
             backend="cuda",
-            fix="report this with the program archive; the kernels and graph.py are still usable",
+            fix="nothing was written for this target: report this with the program archive; "
+            "the other targets lower without it (drop `-t cuda`)",
         ) from exc
 
 

@@ -489,6 +489,42 @@ def test_disabled_autocast_still_captures():
     assert torch.equal(portable.compile(program, backend="cpu")(x), model(x))
 
 
+class NoGradAttention(nn.Module):
+    """Composite ops inside a torch.no_grad() region: export puts them in a sub-graph."""
+
+    def __init__(self):
+        super().__init__()
+        self.proj = nn.Linear(8, 8)
+        self.norm = nn.LayerNorm(8)
+
+    def forward(self, x):
+        with torch.no_grad():
+            context = F.scaled_dot_product_attention(self.proj(x), x, x)  # no gradient to proj
+        return self.norm(self.proj(x) + context)
+
+
+def test_composites_inside_no_grad_regions_become_portable_ops():
+    torch.manual_seed(0)
+    model, x, y = NoGradAttention(), torch.randn(1, 2, 4, 8), torch.randn(1, 2, 4, 8)
+    program = portable.capture(model, (x,))
+    ops = {str(n.target) for n in program.graph.nodes if n.op == "call_function"}
+    assert "portable.attention.default" in ops and "portable.layer_norm.default" in ops
+    assert torch.equal(portable.compile(program, backend="cpu")(x), model.eval()(x))
+
+    def loss_fn(m, a, b):
+        return F.mse_loss(m(a), b)
+
+    step = portable.capture(model, (x, y), loss_fn=loss_fn, optimizer=portable.optim.SGD(lr=0.1))
+    result = portable.compile(step, backend="cpu")(x, y)
+    eager = torch.optim.SGD(model.parameters(), lr=0.1)
+    loss = loss_fn(model.train(), x, y)
+    loss.backward()
+    eager.step()
+    torch.testing.assert_close(result.loss, loss.detach(), rtol=1e-6, atol=0)
+    for name, value in model.state_dict().items():
+        torch.testing.assert_close(result.state[name], value, rtol=1e-5, atol=1e-6)
+
+
 # item 19: the decorator's entry points -------------------------------------------------------------
 
 

@@ -200,7 +200,9 @@ def _portable_ops(ep, strip_prefix: str) -> None:
 
     refuse_known_ops(ep.graph_module, source_of)
     lower_complex(ep, source_of)
-    rewrite_to_portable_ops(ep.graph_module, source_of)
+    for gm in ep.graph_module.modules():  # with the bodies of torch.no_grad() & co. regions
+        if isinstance(gm, torch.fx.GraphModule):
+            rewrite_to_portable_ops(gm, source_of)
 
 
 def _untie(ep, strip_prefix: str):

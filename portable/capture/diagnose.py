@@ -11,6 +11,7 @@ from types import TracebackType
 import torch
 
 from ..errors import CaptureError
+from .known_constructs import FLEX_ATTENTION_FIX, FLEX_ATTENTION_MEANING
 
 _TORCH_DIR = os.path.dirname(torch.__file__)
 _PORTABLE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -60,6 +61,12 @@ class Remedy:
 
 # Remedies for common failures of torch.export, tried in order (frame remedies first).
 REMEDIES: tuple[Remedy, ...] = (
+    Remedy(
+        # on CPU torch.export fails inside flex_attention when an input needs a gradient
+        frame=r"torch/nn/attention/flex_attention\.py:",
+        meaning=FLEX_ATTENTION_MEANING,
+        fix=FLEX_ATTENTION_FIX,
+    ),
     Remedy(
         frame=r"torch/nn/modules/transformer\.py:_detect_is_causal_mask",
         meaning="nn.Transformer* compares the mask's values with a causal mask to detect "
@@ -156,10 +163,15 @@ def _chain(exc: BaseException):
         cur = cur.__cause__ or cur.__context__
 
 
+_INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")
+
+
 def user_code_failed(what: str, exc: BaseException, *, fix: str) -> CaptureError:
     """A CaptureError for an exception raised by the user's own code that capture called (a
     `@portable` factory, an example-input function): names the exception and the user's line."""
-    frame = user_frame(exc.__traceback__)
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
+    own = [f for f in frames if not _INSTALLED.search(f.filename)]  # not inside a library
+    frame = (own or frames or [None])[-1]
     source = None
     if frame is not None:
         source = f"{frame.filename}:{frame.lineno}" + (

@@ -6,11 +6,13 @@ the opset); a user needs the model's own remedy. Two kinds of recognizers:
 
 - on the exported graph, before anything else runs (`refuse_known_ops`): higher-order ops no
   backend can lower, e.g. flex attention;
-- after a failure (`explain`): when torch.export failed inside flex attention, or the failing
-  node or line lies inside a recognized module (a Hugging Face experts module running a
-  data-dependent implementation), the error is restated with that construct's remedy.
-  Capturable settings of the same module are left alone, so an unrelated failure keeps its
-  own message.
+- on the model, after a failure (`explain`): when the failing node or line lies inside a
+  recognized module (a Hugging Face experts module running a data-dependent implementation),
+  the error is restated with that module's remedy. Capturable settings of the same module are
+  left alone, so an unrelated failure keeps its own message.
+
+torch.export failures inside library functions (flex attention on CPU) are remedies of
+`diagnose.REMEDIES`, which uses this module's texts.
 """
 
 from __future__ import annotations
@@ -19,7 +21,6 @@ import dataclasses
 import inspect
 import os
 import re
-import traceback
 from collections.abc import Callable
 
 import torch
@@ -137,38 +138,14 @@ def _hf_experts_failure(error: CaptureError, model: torch.nn.Module) -> CaptureE
     return None
 
 
-def _flex_attention_failure(error: CaptureError, model: torch.nn.Module) -> CaptureError | None:
-    # torch.export fails inside flex_attention itself (on CPU: "does not support backward")
-    for exc in _chain(error.__cause__):
-        for frame in traceback.extract_tb(exc.__traceback__):
-            if frame.filename.replace(os.sep, "/").endswith("torch/nn/attention/flex_attention.py"):
-                return CaptureError(
-                    FLEX_ATTENTION_MEANING,
-                    op="flex_attention",
-                    module=error.module,
-                    source=error.source,
-                    fix=FLEX_ATTENTION_FIX,
-                    details=error.details,
-                )
-    return None
-
-
-def _chain(exc: BaseException | None):
-    seen: set[int] = set()
-    while exc is not None and id(exc) not in seen:
-        seen.add(id(exc))
-        yield exc
-        exc = exc.__cause__ or exc.__context__
-
-
 # failure recognizers, tried in order: (error, model) -> the restated error, or None
-RECOGNIZERS = (_flex_attention_failure, _hf_experts_failure)
+RECOGNIZERS = (_hf_experts_failure,)
 
 
 def explain(error: CaptureError, model: torch.nn.Module) -> CaptureError:
-    """`error` restated with the remedy of the known construct it arose in: flex attention
-    (torch.export failed inside it), or a recognized module (its module path, or its source
-    line within the module's class or the Hugging Face experts integration). Otherwise `error`."""
+    """`error` restated with the remedy of the recognized module it arose in (its module path,
+    or its source line within the module's class or the Hugging Face experts integration).
+    Otherwise `error` itself."""
     for recognize in RECOGNIZERS:
         explained = recognize(error, model)
         if explained is not None:

@@ -73,6 +73,9 @@ HF_CONFIGS = {
         ),
     ),
     "llama": ("LlamaConfig", "LlamaForCausalLM", _LLAMA_SIZES),
+    "qwen2": ("Qwen2Config", "Qwen2ForCausalLM", _LLAMA_SIZES),  # + biases on q/k/v
+    # a sliding window shorter than the tests' sequences: the mask is more than causal
+    "mistral": ("MistralConfig", "MistralForCausalLM", {**_LLAMA_SIZES, "sliding_window": 8}),
     "bert": (
         "BertConfig",
         "BertForMaskedLM",

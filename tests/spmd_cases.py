@@ -1,5 +1,6 @@
 """The parallelism acceptance matrix shared by the torch.distributed and XLA tests: the plans
-for the GPT and Llama examples, the single-device reference run and the comparison.
+for the GPT and Llama examples and for Hugging Face models (end of file), the single-device
+reference run and the comparison.
 
 Comparison: loss per step and every parameter after the steps within 1e-5 (atol and rtol).
 One documented exception: GPT's fused qkv bias slice for k. Its exact gradient is zero (softmax
@@ -116,3 +117,77 @@ def assert_matches(stem: str, want: tuple, got_losses, got_outputs: dict) -> Non
         torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
         checked += 1
     assert checked > 0
+
+
+# --------------------------------------------------------------------------- Hugging Face models
+#
+# Stock models built from small configs (tests/conftest.py `hf_model`), default (SDPA)
+# attention: Hugging Face builds the causal (Mistral: sliding-window) mask from arange / full /
+# expand sized by the global batch, which the pass must carry to the local batch.
+
+HF_MODELS = ("llama", "qwen2", "mistral", "gpt2", "bert")
+HF_PLAN_NAMES = ("dp", "tp", "dp_tp")
+HF_BATCH = (4, 16)  # global batch, sequence: dp=2 leaves 2 sequences per rank
+# SGD, not AdamW: AdamW divides each gradient by its own magnitude, so a gradient off by a
+# constant factor (a reduction missing or done twice) moves the parameters almost as the right
+# one does; SGD's step is the gradient scaled by lr, so parameters within 1e-5 check gradients.
+HF_OPTIMIZER = portable.optim.SGD(lr=0.3, momentum=0.9)
+
+
+def hf_tp_rules(name: str) -> list:
+    """Tensor-parallel presets with the Hugging Face module names of each family."""
+    if name in ("llama", "qwen2", "mistral"):
+        stem = r"model\.layers\.\d+"
+        return [
+            *par.head_parallel(
+                rf"{stem}\.self_attn", heads=4, kv_heads=2, axis_size=2, bias=name == "qwen2"
+            ),
+            *par.column_parallel(rf"{stem}\.mlp\.(gate|up)_proj", bias=False),
+            *par.row_parallel(rf"{stem}\.mlp\.down_proj"),
+        ]
+    if name == "gpt2":  # Conv1D stores [in, out]; the fused c_attn cannot be head-parallel
+        stem = r"transformer\.h\.\d+"
+        return [
+            *par.column_parallel(rf"{stem}\.(attn\.c_attn|mlp\.c_fc)", transposed=True),
+            *par.row_parallel(rf"{stem}\.(attn|mlp)\.c_proj", transposed=True),
+        ]
+    if name == "bert":  # the output projection lives in a sibling module: attention.output
+        stem = r"bert\.encoder\.layer\.\d+"
+        return [
+            *par.head_parallel(
+                rf"{stem}\.attention",
+                heads=4,
+                axis_size=2,
+                q=r"self\.query",
+                k=r"self\.key",
+                v=r"self\.value",
+                o=r"output\.dense",
+                bias=True,
+            ),
+            *par.column_parallel(rf"{stem}\.intermediate\.dense"),
+            *par.row_parallel(rf"{stem}\.output\.dense"),
+        ]
+    raise KeyError(name)
+
+
+def hf_plan_for(name: str, plan: str) -> Plan:
+    if plan == "dp":
+        return Plan(Mesh({"dp": 2}), batch_axes=("dp",))
+    if plan == "tp":
+        return Plan(Mesh({"tp": 2}), rules=hf_tp_rules(name))
+    if plan == "dp_tp":
+        return Plan(Mesh({"dp": 2, "tp": 2}), rules=hf_tp_rules(name), batch_axes=("dp",))
+    raise KeyError(plan)
+
+
+def hf_lm_loss(model, idx, targets):
+    return torch.nn.functional.cross_entropy(model(idx).logits.flatten(0, 1), targets.flatten())
+
+
+def hf_training_program(model: torch.nn.Module, seed: int = 1):
+    """The single-device training step of a Hugging Face model and its global flat inputs."""
+    torch.manual_seed(seed)
+    batch = tuple(torch.randint(0, 128, HF_BATCH) for _ in range(2))
+    program = portable.capture(model, batch, loss_fn=hf_lm_loss, optimizer=HF_OPTIMIZER)
+    state = [program.weights[i.target] for i in program.signature.state_inputs]
+    return program, [*state, *batch]

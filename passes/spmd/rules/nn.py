@@ -182,13 +182,19 @@ def embedding(ctx, node):
 
 @rule(aten.embedding_dense_backward.default)
 def embedding_dense_backward(ctx, node):
-    """grad [*ids, hidden] scattered into the table by ids: the ids' dims split like either the
-    gradient's or the ids' (the other is sliced to match), each rank's table gradient a partial
-    sum over those axes; the hidden dim keeps the gradient's split."""
+    """grad [*ids, hidden] scattered into the table by ids; each rank's table gradient is a
+    partial sum over the axes splitting the ids' dims, the hidden dim keeps the gradient's split.
+
+    Where only the gradient is split (ids replicated: BERT's token types expanded from a buffer,
+    or a sequence-parallel gradient), slicing the ids to match costs an all-reduce of the table
+    gradient (2 x table per rank, ring) instead of an all-gather of the gradient (1 x grad):
+    the cheaper one is taken."""
     grad, indices = node.args[:2]
     xs = drop_partial(ctx.sh(indices))
     gs = drop_partial(ctx.sh(grad))
-    lead = merged_dims([xs, Sharding(gs.dims[:-1])])
+    table = int(node.args[2]) * ctx.shape(grad)[-1]
+    grad_only = Sharding(gs.dims[:-1]) if 2 * table < ctx.numel(grad) else xs
+    lead = merged_dims([xs, grad_only])
     used = {a for d in lead for a in d}
     last = gs.dims[-1] if not (set(gs.dims[-1]) & used) else ()
     out = Sharding(((), last), tuple(sorted((a, "sum") for a in used)))

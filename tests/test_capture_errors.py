@@ -71,6 +71,18 @@ def test_example_inputs_that_raise_are_a_capture_error():
     assert f"{HERE}:{_line_of('def broken_inputs') - 1}" in message
 
 
+def test_a_factory_failing_inside_a_library_points_at_the_factory():
+    transformers = pytest.importorskip("transformers")
+
+    @portable.portable(example_inputs=lambda: (torch.randint(0, 8, (1, 4)),))
+    def hf_model():
+        return transformers.LlamaForCausalLM(None)  # no config: fails inside transformers
+
+    with pytest.raises(CaptureError) as info:
+        portable.capture_spec(hf_model)
+    assert f"{HERE}:{_line_of('no config: fails inside transformers')}" in str(info.value)
+
+
 def test_cli_reports_a_raising_factory_as_a_user_error(tmp_path, capsys):
     model_file = tmp_path / "models.py"
     model_file.write_text(

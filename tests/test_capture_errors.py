@@ -317,7 +317,7 @@ def test_a_loss_fn_with_the_wrong_arguments_states_the_contract():
     assert "lambda model, x, y: loss_fn(model(x), y)" in message
 
 
-def test_transformer_decoder_failure_names_tgt_is_causal():
+def test_transformer_decoder_failure_names_tgt_is_causal(capsys):
     class Decoder(nn.Module):
         def __init__(self):
             super().__init__()
@@ -333,6 +333,7 @@ def test_transformer_decoder_failure_names_tgt_is_causal():
     message = str(info.value)
     assert "tgt_is_causal=True" in message and "see the original error" not in message
     assert f"{HERE}:{_line_of('tgt_mask=mask)')}" in message
+    assert "def forward(" not in capsys.readouterr().err  # no dump of torch's partial graph
 
 
 def test_export_failures_without_a_known_remedy_say_what_to_do():

@@ -30,7 +30,7 @@ from .build import annotate, to_program
 from .complex_pairs import lower_complex
 from .decompositions import decompositions
 from .decorator import ModelSpec, portable, spec_of
-from .diagnose import diagnose, is_user_file
+from .diagnose import diagnose, is_user_file, without_partial_graph
 from .known_constructs import explain, refuse_known_ops
 from .loss import as_loss_fn
 from .portable_ops import rewrite_to_portable_ops
@@ -185,9 +185,10 @@ def _mode(model: torch.nn.Module, *, training: bool):
 
 def _export(module, args, kwargs, dynamic_shapes, phase: str):
     try:
-        return torch.export.export(
-            module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
-        )
+        with without_partial_graph():
+            return torch.export.export(
+                module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
+            )
     except PortableError:
         raise
     except Exception as exc:  # torch raises many types; all become a CaptureError with the cause

@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import io
 import os
 import re
+import sys
 import traceback
+from collections.abc import Iterator
 from types import TracebackType
 
 import torch
@@ -161,6 +165,27 @@ def _chain(exc: BaseException):
         seen.add(id(cur))
         yield cur
         cur = cur.__cause__ or cur.__context__
+
+
+@contextlib.contextmanager
+def without_partial_graph() -> Iterator[None]:
+    """Keep torch.export's dump of the partial graph off stderr when export fails.
+
+    On a data-dependent failure torch.export prints the whole graph traced so far (dozens of
+    lines of generated code) to stderr before raising; the CaptureError made from the failure
+    says what to do, and `--debug` shows the traceback. What else is written to stderr meanwhile
+    (warnings) is passed on unchanged."""
+    buffer = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(buffer):
+            yield
+    except BaseException as exc:
+        graph = str(getattr(exc, "partial_fx_graph", "") or "")
+        sys.stderr.write(
+            buffer.getvalue().replace(graph + "\n", "") if graph else buffer.getvalue()
+        )
+        raise
+    sys.stderr.write(buffer.getvalue())
 
 
 _INSTALLED = re.compile(r"[/\\](site|dist)-packages[/\\]")

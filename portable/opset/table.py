@@ -15,6 +15,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import operator
+from collections.abc import Mapping
 
 import torch
 
@@ -85,6 +86,27 @@ class OpDef:
         if self.name in _SYMBOLIC_TARGETS:
             return f"{self.name.split('.')[1]}(SymInt a, SymInt b) -> SymInt"
         return str(self.overload._schema)
+
+    def bad_call(self, n_args: int, kwargs: Mapping[str, object]) -> str | None:
+        """Why `n_args` positional arguments and `kwargs` do not fit this op's schema (None
+        when they do): every required argument given once, kwargs keys are argument names."""
+        if self.name in _SYMBOLIC_TARGETS:
+            return None if n_args == 2 and not kwargs else "takes exactly two positional sizes"
+        arguments = self.overload._schema.arguments
+        positional = [a for a in arguments if not a.kwarg_only]
+        if n_args > len(positional):
+            return f"has {n_args} positional arguments, its schema at most {len(positional)}"
+        names = {a.name for a in arguments}
+        for key in kwargs:
+            if key not in names:
+                return f"has keyword argument {key[:80]!r}, which its schema does not name"
+        for i, arg in enumerate(arguments):
+            given = (i < n_args and not arg.kwarg_only) + (arg.name in kwargs)
+            if given > 1:
+                return f"gives argument {arg.name} twice"
+            if not given and not arg.has_default_value():
+                return f"lacks its required argument {arg.name}"
+        return None
 
     def accepts(self, dtype: torch.dtype) -> bool:
         if self.dtypes == ANY:

@@ -12,8 +12,10 @@ within 1e-5):
 - per-rank programs on XLA host devices (shard_map), training and inference;
 - real processes on torch.distributed (gloo).
 
-CI runs every model under DP x TP on XLA, Llama under DP on XLA and on gloo, and inference of
-Llama and BERT; PORTABLE_SLOW=full runs every model under every plan on both engines.
+A user's padding mask (`attention_mask`) is an input split with the batch. CI runs every model
+under DP x TP on XLA, Llama under DP on XLA (also with a padding mask) and on gloo, and
+inference of Llama and BERT; PORTABLE_SLOW=full runs every model under every plan on both
+engines.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from portable.passes.spmd_partition import partition
 from tests.spmd_cases import (
     HF_BATCH,
     HF_MODELS,
+    HF_OPTIMIZER,
     HF_PLAN_NAMES,
     STEPS,
     assert_matches,
@@ -118,6 +121,39 @@ def test_training_matches_single_device_on_xla(hf_model, name, plan):
 
     program, flat, want = _case(hf_model, name)
     per_rank, _ = partition(program.replace(plan=hf_plan_for(name, plan)))
+    result = run_spmd(per_rank, flat, steps=STEPS)
+    outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
+    assert_matches(name, want, result.losses, outputs)
+
+
+def _padded_lm_loss(model, idx, attention_mask, targets):
+    logits = model(idx, attention_mask=attention_mask).logits
+    return torch.nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+@pytest.mark.parametrize(
+    ("name", "plan"), [("llama", "dp"), ("bert", "dp_tp")] if FULL else [("llama", "dp")]
+)
+def test_a_padding_mask_input_matches_single_device_on_xla(hf_model, name, plan):
+    """A user's attention_mask is split with the batch; Hugging Face indexes it with an arange
+    of the global batch, so the pass gathers that small [batch, seq] input and builds the
+    [batch, 1, seq, seq] mask at the local batch."""
+    pytest.importorskip("jax")
+    from portable.backends.xla.spmd import run_spmd
+
+    torch.manual_seed(0)
+    model = hf_model(name)
+    idx, targets = (torch.randint(0, 128, HF_BATCH) for _ in range(2))
+    padding = torch.ones(HF_BATCH, dtype=torch.long)
+    padding[1, :5] = 0  # left padding on rank 0's rows, right padding on rank 1's
+    padding[3, 12:] = 0
+    batch = (idx, padding, targets)
+    program = portable.capture(model, batch, loss_fn=_padded_lm_loss, optimizer=HF_OPTIMIZER)
+    flat = [*(program.weights[i.target] for i in program.signature.state_inputs), *batch]
+    want = reference(program, flat, STEPS)
+    per_rank, _ = partition(program.replace(plan=hf_plan_for(name, plan)))
+    masks = [n.args[3] for n in per_rank.graph.nodes if n.target is ATTENTION]
+    assert masks and all(m.meta["tensor"].shape[0] == HF_BATCH[0] // 2 for m in masks)
     result = run_spmd(per_rank, flat, steps=STEPS)
     outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
     assert_matches(name, want, result.losses, outputs)

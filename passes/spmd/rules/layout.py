@@ -205,6 +205,18 @@ def select_scatter(ctx, node):
     return Decision({0: s, 1: Sharding(s.dims[:dim] + s.dims[dim + 1 :])}, s)
 
 
+@rule(aten.gather.default)
+def gather(ctx, node):
+    """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: `dim` whole on both; another
+    dim is split alike on x and index where their sizes agree (x whole where index is shorter)."""
+    x, dim, idx = node.args[:3]
+    xshape, ishape = ctx.shape(x), ctx.shape(idx)
+    dim = norm_dim(dim, len(xshape))
+    whole = [dim, *(d for d in range(len(xshape)) if xshape[d] != ishape[d])]
+    s = Sharding(merged_dims([drop_partial(ctx.sh(x)), drop_partial(ctx.sh(idx))], whole=whole))
+    return Decision({0: s, 2: s}, s)
+
+
 @rule(aten.index.Tensor)
 def index(ctx, node):
     """x[i, j, ...] with leading index tensors: the output is the indices' broadcast shape, then

@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import types
 
-from . import optim, parallel
+from . import limits, optim, parallel
 from .api import compile, lower
 from .archive import load
 from .capture import ModelSpec, capture, capture_spec, portable, spec_of
@@ -28,6 +28,7 @@ from .errors import (
     PlanError,
     PortableError,
     RegistryError,
+    ResourceLimitError,
     VerifyError,
 )
 from .ir.plan import Mesh, PartitionSpec, Plan
@@ -68,12 +69,14 @@ __all__ = [
     "Program",
     "ProgramKind",
     "RegistryError",
+    "ResourceLimitError",
     "StepResult",
     "VerifyError",
     "capture",
     "capture_spec",
     "compile",
     "load",
+    "limits",
     "lower",
     "optim",
     "parallel",

@@ -20,8 +20,10 @@ import torch
 from .errors import InputError
 from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind, TensorSpec
+from .ir.symbolic import SizeExprError, parse_size
+from .limits import check_program
 
-__all__ = ["Executable", "StepResult", "flatten_inputs", "storage_problem"]
+__all__ = ["Executable", "StepResult", "bind_symbols", "flatten_inputs", "storage_problem"]
 
 FlatFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
@@ -43,6 +45,8 @@ class Executable:
         self.state: dict[str, torch.Tensor] = {
             s.target: program.weights[s.target] for s in self._state_specs
         }
+        check_program(program)  # static sizes; dynamic ones when a call binds them
+        self._checked_bindings: set[tuple[tuple[str, int], ...]] = set()
 
     @property
     def kind(self) -> ProgramKind:
@@ -50,6 +54,7 @@ class Executable:
 
     def __call__(self, *inputs: torch.Tensor):
         flat = self._flatten(inputs)
+        self._check_allocations(flat)
         outputs = list(self._fn(flat))
         sig = self.program.signature
         if self.kind is ProgramKind.TRAINING_STEP:
@@ -67,6 +72,46 @@ class Executable:
 
     def _flatten(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return flatten_inputs(self.program, inputs, self.state)
+
+    def _check_allocations(self, flat: Sequence[torch.Tensor]) -> None:
+        """With dynamic dims, what this call's sizes make every node allocate (once per size)."""
+        if not self.program.metadata.get("symbolic_dims"):
+            return
+        bindings = bind_symbols(self.program, flat)
+        key = tuple(sorted(bindings.items()))
+        if key not in self._checked_bindings:
+            check_program(self.program, bindings)
+            self._checked_bindings.add(key)
+
+
+def bind_symbols(program: Program, flat: Sequence[torch.Tensor]) -> dict[str, int]:
+    """The value of each declared dynamic dim in this call (InputError when two inputs give
+    one dim two sizes: the program would compute with shapes that do not fit together)."""
+    bindings: dict[str, int] = {}
+    compound = []
+    for spec, value in zip(program.signature.inputs, flat, strict=True):
+        for d, (want, have) in enumerate(zip(spec.spec.shape, value.shape, strict=True)):
+            if not isinstance(want, str):
+                continue
+            if not want.isidentifier():
+                compound.append((spec.name, d, want, int(have)))
+            elif bindings.setdefault(want, int(have)) != int(have):
+                raise InputError(
+                    f"dynamic dim {want} of {program.name} is {bindings[want]} in one input and "
+                    f"{int(have)} in `{spec.name}` (dim {d})",
+                    fix="give every input the same size along the dims that share a symbol",
+                )
+    for name, d, want, have in compound:
+        try:
+            expected = parse_size(want).evaluate(bindings)
+        except SizeExprError:
+            continue  # a symbol only this dim uses: nothing to compare with
+        if expected != have:
+            raise InputError(
+                f"input `{name}` of {program.name} has dim {d} = {have}, but {want} = {expected}",
+                fix="pass sizes that satisfy the program's dynamic dims",
+            )
+    return bindings
 
 
 def flatten_inputs(

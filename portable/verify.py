@@ -13,14 +13,18 @@ from __future__ import annotations
 import operator
 import re
 
+import sympy
 import torch
 import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch.utils._sympy.value_ranges import ValueRanges
 
 from .errors import VerifyError
 from .ir.program import Program
 from .ir.signature import TensorSpec
 from .ir.source import source_of
+from .ir.symbolic import SizeExprError, parse_size
 from .opset import lookup, op_name
 
 __all__ = ["verify"]
@@ -160,29 +164,36 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
                 fix="re-capture the program",
             )
         _check_static(node, symbols)
-    if check_shapes and not symbols:
+    if check_shapes:
         _check_shape_rules(program)
 
 
 def _check_shape_rules(program: Program) -> None:
-    """Re-derive each node's shape and dtype with the op's fake kernel from recorded inputs."""
-    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    """Re-derive each node's shape and dtype with the op's fake kernel from recorded inputs.
+
+    Declared dynamic dims become symbolic sizes (a ShapeEnv, as torch.export uses), so a
+    program with dynamic shapes is checked as fully as a static one."""
+    dims = program.metadata.get("symbolic_dims", {})
+    shape_env = ShapeEnv() if dims else None
+    mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
+    symbols = {name: _symbol(shape_env, name, b) for name, b in dims.items()} if dims else {}
     env: dict[torch.fx.Node, object] = {}
 
-    def fake(spec: TensorSpec):
+    def fake(node: torch.fx.Node, spec: TensorSpec):
+        shape = [_size(node, d, symbols) for d in spec.shape]
         with mode:
-            return torch.empty(spec.shape, dtype=spec.dtype)
+            return torch.empty(shape, dtype=spec.dtype)
 
     def load(value):
         return torch.fx.node.map_arg(value, lambda n: env[n])
 
     for node in program.graph.nodes:
         if node.op == "placeholder":
-            env[node] = fake(node.meta["tensor"])
+            env[node] = fake(node, node.meta["tensor"])
         elif node.op == "call_function":
             args, kwargs = load(node.args), load(node.kwargs)
             if node.target is operator.getitem:
-                env[node] = args[0][args[1]]
+                env[node] = _getitem(node, args)
                 continue
             entry = lookup(node.target)
             _check_dtypes(node, entry, args, kwargs)
@@ -191,16 +202,111 @@ def _check_shape_rules(program: Program) -> None:
                     result = node.target(*args, **kwargs)
             except Exception as exc:
                 _fail(f"the shape rule of {entry.name} rejects node {node.name}: {exc}", node)
+            _check_scalar(node, result)
             recorded = node.meta["tensor"]
-            derived = _to_spec(result)
-            if derived != recorded:
+            if not _same(recorded, _to_spec(result), result, symbols):
                 _fail(
                     f"node {node.name} records {_fmt(recorded)} but {entry.name}'s shape rule "
-                    f"gives {_fmt(derived)}",
+                    f"gives {_fmt(_to_spec(result))}",
                     node,
                     fix="a pass changed this node without updating meta['tensor']",
                 )
             env[node] = result
+
+
+_MAX_SIZE = 1 << 62
+
+
+def _symbol(shape_env: ShapeEnv, name: str, bounds: dict):
+    """A SymInt named `name` with the declared range; its hint (the value torch guards
+    on while checking) is inside the range and not 0 or 1, which torch specializes."""
+    low, high = int(bounds.get("min", 0)), bounds.get("max")
+    high = _MAX_SIZE if high is None else int(high)
+    hint = min(max(low, 7), high)
+    sym = _sym(name)
+    shape_env.backed_var_to_val[sym] = sympy.Integer(hint)
+    shape_env.var_to_range[sym] = ValueRanges(low, high)
+    return shape_env.create_symintnode(sym, hint=hint)
+
+
+def _sym(name: str) -> sympy.Symbol:
+    return sympy.Symbol(name, integer=True, nonnegative=True)
+
+
+def _size(node: torch.fx.Node, dim: int | str, symbols: dict):
+    if isinstance(dim, int):
+        return dim
+    try:
+        return parse_size(dim).evaluate(symbols)
+    except SizeExprError as exc:
+        _fail(f"node {node.name} has a dim {dim!r} that cannot be evaluated: {exc}", node)
+
+
+def _getitem(node: torch.fx.Node, args):
+    try:
+        return args[0][args[1]]
+    except (TypeError, IndexError, KeyError):
+        _fail(f"getitem {node.name} indexes a value that has no item {args[1]!r}", node)
+
+
+def _check_scalar(node: torch.fx.Node, result) -> None:
+    """Size arithmetic (`sym.*`) stays within tensor sizes, so a chain of them cannot grow
+    an integer without bound."""
+    if isinstance(result, int) and not isinstance(result, bool) and abs(result) > _MAX_SIZE:
+        _fail(f"node {node.name} computes a size beyond 2**62", node)
+
+
+def _same(recorded, derived, result, symbols: dict) -> bool:
+    """Recorded and derived specs agree; symbolic dims agree as expressions (the same text,
+    or the same value at several points of the declared ranges)."""
+    if recorded == derived:
+        return True
+    if not symbols or not isinstance(recorded, TensorSpec) or not isinstance(derived, TensorSpec):
+        if isinstance(recorded, tuple) and isinstance(derived, tuple) and symbols:
+            return len(recorded) == len(derived) and all(
+                _same(r, d, v, symbols) for r, d, v in zip(recorded, derived, result, strict=True)
+            )
+        return False
+    if recorded.dtype != derived.dtype or len(recorded.shape) != len(derived.shape):
+        return False
+    return all(
+        _same_dim(r, size, symbols) for r, size in zip(recorded.shape, result.shape, strict=True)
+    )
+
+
+def _same_dim(recorded: int | str, size, symbols: dict) -> bool:
+    expr = size.node.expr if isinstance(size, torch.SymInt) else int(size)
+    expr = sympy.Integer(expr) if isinstance(expr, int) else expr
+    for point in _sample_points(symbols):
+        want = point[recorded] if isinstance(recorded, str) and recorded in point else None
+        try:
+            want = parse_size(str(recorded)).evaluate(point) if want is None else want
+        except SizeExprError:
+            return False
+        got = expr.xreplace({_sym(k): sympy.Integer(v) for k, v in point.items()})
+        if not got.is_Integer or int(got) != want:
+            return False
+    return True
+
+
+def _sample_points(symbols: dict) -> list[dict[str, int]]:
+    """Three assignments of the declared symbols: the hints, the minimums, and primes
+    inside the ranges (distinct values, so that s0*s1 and s0+s1 differ)."""
+    points = []
+    for pick in (
+        lambda s, r, i: int(s.node.hint),
+        lambda s, r, i: int(r.lower),
+        lambda s, r, i: min(max(int(r.lower), _PRIMES[i % len(_PRIMES)]), int(r.upper)),
+    ):
+        point = {}
+        for i, (name, sym) in enumerate(symbols.items()):
+            rng = sym.node.shape_env.var_to_range[sym.node.expr]
+            point[name] = pick(sym, rng, i)
+        points.append(point)
+    return points
+
+
+_PRIMES = (11, 13, 17, 19, 23, 29, 31, 37)
 
 
 # Operands (schema names) that an op's eager kernel requires to share one dtype, not promoting

@@ -18,13 +18,18 @@ import signal
 import sys
 import traceback
 
-from .. import __version__
+from .. import __version__, limits
 from ..errors import PortableError
 from . import check, inspection, listing, lower, run
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 from .interrupts import handling_interrupts
 
 __all__ = ["build_parser", "main"]
+
+_MAX_ALLOC_HELP = (
+    "largest tensor portable allocates from a declared shape (--parity examples, a program's "
+    "intermediates), e.g. 16GiB; default 4GiB"
+)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -37,6 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
         default=argparse.SUPPRESS,
         help="print tracebacks for errors",
     )
+    common.add_argument("--max-alloc", default=argparse.SUPPRESS, help=_MAX_ALLOC_HELP)
     parser = argparse.ArgumentParser(
         prog="portable",
         description="Capture PyTorch models into the portable IR and lower them to backends.",
@@ -45,6 +51,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--version", action="version", version=f"portable {__version__}")
     parser.add_argument("--debug", action="store_true", help="print tracebacks for errors")
+    parser.add_argument("--max-alloc", metavar="SIZE", default=None, help=_MAX_ALLOC_HELP)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     lower.add_parser(sub, [common])
     inspection.add_parser(sub, [common])
@@ -68,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        if args.max_alloc is not None:
+            limits.configure(max_tensor_bytes=limits.parse_bytes(args.max_alloc))
         return int(args.run(args))
     except (PortableError, OSError) as exc:
         if args.debug:

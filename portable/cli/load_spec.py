@@ -19,7 +19,6 @@ import dataclasses
 import hashlib
 import importlib
 import importlib.util
-import json
 import sys
 import types
 from pathlib import Path
@@ -28,6 +27,7 @@ from ..capture import ModelSpec, capture_spec, spec_of
 from ..errors import CaptureError, PlanError, PortableError
 from ..ir.plan import Plan
 from ..ir.program import Program
+from ..safe_json import read_json
 
 __all__ = ["Source", "load_plan", "resolve", "with_plan"]
 
@@ -179,17 +179,12 @@ def load_plan(text: str) -> Plan:
     if path.suffix == ".json" or path.is_file():
         if not path.is_file():
             raise PlanError(f"no such plan file: {path}", fix="PLAN is plan.json or file.py:attr")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise PlanError(
-                f"{path} is not JSON: {exc}", fix="write it with Plan.to_json()"
-            ) from exc
+        data = read_json(path, PlanError, fix="write it with Plan.to_json()")
         try:
             return Plan.from_json(data)
-        except (KeyError, TypeError, AttributeError) as exc:
+        except PlanError as exc:
             raise PlanError(
-                f"{path} is not a plan: {type(exc).__name__}: {exc}",
+                f"{path} is not a plan: {exc.what}",
                 fix='write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
             ) from exc
     where, sep, attr = text.rpartition(":")

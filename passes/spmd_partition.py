@@ -8,7 +8,9 @@ Every rank runs the same per-rank program on its local shards. The pass
 2. walks the graph in order and, per op, asks its sharding rule (`spmd/rules/`) which shardings
    the inputs must have and which the result gets; the collectives that bring an input to the
    required sharding are inserted before the op (`spmd/redistribute.py`), each followed by its
-   own `portable.wait`; size arguments become local sizes;
+   own `portable.wait`; size arguments become local sizes, and a replicated value a split
+   consumer needs (a mask built from the global batch's sizes) is recomputed at the local size
+   where its producers allow (`spmd/localize.py`), else sliced with `local_shard`;
 3. brings each output to its required sharding: the loss replicated (in a training step that is
    where gradients computed from a split batch are summed: the gradient is a partial sum until the
    optimizer update, which needs it split like its parameter: an all-reduce, or a reduce-scatter
@@ -21,7 +23,8 @@ with unequal numbers of ignored targets still give the single-device loss.
 
 Supported and tested: data parallelism (`batch_axes`), tensor parallelism (column/row/head
 parallel presets), both together on a 2-D mesh, and FSDP (`fsdp_axis`), on the GPT, Llama and MLP
-examples' training steps and inference programs. Ops without a rule run on full copies (correct,
+examples' training steps and inference programs, and on stock Hugging Face Llama, Qwen2, Mistral,
+GPT-2 and BERT with SDPA attention (tests/test_spmd_hf.py). Ops without a rule run on full copies (correct,
 counted as `replicated-ops`).
 
 The per-rank program records its layout contract in `metadata["spmd"]` (see

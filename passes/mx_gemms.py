@@ -39,7 +39,15 @@ from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, OutputKind
 from portable.ir.source import source_of
 
-__all__ = ["CONTRACTION", "GEMMS", "Gemm", "Layer", "LinearGemms", "find_linear_gemms"]
+__all__ = [
+    "CONTRACTION",
+    "GEMMS",
+    "Gemm",
+    "Layer",
+    "LinearGemms",
+    "boundary_layers",
+    "find_linear_gemms",
+]
 
 aten = torch.ops.aten
 
@@ -106,11 +114,14 @@ class Layer:
 class LinearGemms:
     """`layers` in graph order of their first forward GEMM; `unmatched`: backward mm/addmm nodes
     attributed to no layer (they stay high precision); `other`: forward mm/addmm nodes without a
-    parameter operand (not linear layers)."""
+    parameter operand (not linear layers). `first` / `last`: the layers at the model's boundary
+    (`boundary_layers`)."""
 
     layers: list[Layer]
     unmatched: list[Node]
     other: list[Node]
+    first: list[Layer] = dataclasses.field(default_factory=list)
+    last: list[Layer] = dataclasses.field(default_factory=list)
 
 
 def gemm_operands(node: Node) -> tuple[int, int]:
@@ -147,7 +158,40 @@ def find_linear_gemms(program: Program) -> LinearGemms:
     position = {n: i for i, n in enumerate(program.graph.nodes)}
     for layer in ordered:
         layer.gemms.sort(key=lambda g: position[g.node])
-    return LinearGemms(ordered, unmatched, other)
+    first, last = boundary_layers(program, ordered)
+    return LinearGemms(ordered, unmatched, other, first, last)
+
+
+# ---- the first and last layers -------------------------------------------------------------
+
+
+def boundary_layers(program: Program, layers: list[Layer]) -> tuple[list[Layer], list[Layer]]:
+    """(first, last). The first layers read the model's first activations: no other linear
+    layer's forward GEMM is upstream of their forward GEMMs' inputs (in a transformer, every
+    projection of block 0's attention, which all read the embedding's norm). The last layers
+    write its last: no other layer's forward GEMM reads what they compute (the LM head, or
+    every head of a model with several).
+
+    Upstream sets are bitsets over the layers, propagated once in graph order."""
+    bit = {g.node: 1 << i for i, layer in enumerate(layers) for g in layer.gemms
+           if g.role == "forward"}  # fmt: skip
+    upstream: dict[Node, int] = {}  # node -> layers whose forward GEMMs it depends on
+    reads = [0] * len(layers)  # per layer: the other layers its forward GEMMs read from
+    for node in program.graph.nodes:
+        inputs = 0
+        for value in node.all_input_nodes:
+            inputs |= upstream[value]
+        if node in bit:
+            i = bit[node].bit_length() - 1
+            reads[i] |= inputs & ~bit[node]
+            inputs |= bit[node]
+        upstream[node] = inputs
+    read_by_any = 0
+    for r in reads:
+        read_by_any |= r
+    first = [layer for i, layer in enumerate(layers) if not reads[i]]
+    last = [layer for i, layer in enumerate(layers) if not read_by_any >> i & 1]
+    return first, last
 
 
 # ---- backward GEMMs ------------------------------------------------------------------------

@@ -15,8 +15,10 @@ So the forward `X @ t(W)` quantizes X and W along K, the input gradient `dY @ t(
 W along N, the weight gradient `t(dY) @ X` dY and X along M (tokens). Every new node takes the
 GEMM's `meta["source"]`. The dequantized operand has the operand's dtype, so the GEMM's types do
 not change. Norms, softmax, attention, embeddings and optimizer state are never touched;
-`keep_first_last` keeps the first and last linear layers (typically the LM head) in high
-precision, `include` / `exclude` pick layers by module path (`re.search`).
+`keep_first_last` keeps the first and last linear layers in high precision: every layer that
+reads the model's first activation (all of block 0's attention projections) and every layer that
+writes its last (the LM head; `mx_gemms.boundary_layers`). `include` / `exclude` pick layers by
+module path (`re.search`).
 
 `mode=fake` and `mode=real` write the same graph; `program.metadata["mx_quantize"]` records the
 mode, which backends read: the `cuda` backend turns `real` q -> dq -> GEMM chains into a native
@@ -50,7 +52,7 @@ from portable.opset.mx_ops import codes_shape, scales_shape
 from portable.runtime import flatten_inputs
 
 from .base import Pass, PassResult
-from .mx_gemms import CONTRACTION, GEMMS, Gemm, Layer, find_linear_gemms
+from .mx_gemms import CONTRACTION, GEMMS, Gemm, Layer, LinearGemms, find_linear_gemms
 
 __all__ = ["MODES", "MXQuantize", "mx_error_report", "sqnr_db"]
 
@@ -59,6 +61,8 @@ MODES = ("fake", "real")
 BLOCK_SIZE = 32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _TRANSPOSES = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+_FIRST = "first linear layers, which read the model's first activation (keep_first_last=true)"
+_LAST = "last linear layers, which write its last activation (keep_first_last=true)"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -69,7 +73,8 @@ class MXQuantize(Pass):
     GEMMs, get quantize -> dequantize (block 32) on both operands. Options: `format` (e4m3,
     e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil, floor, ceil, even), `mode` (fake: emulation everywhere; real: native MX GEMMs where the
     target has them), `include` / `exclude` (regexes searched in the module path),
-    `keep_first_last` (keep the first and last linear layers in high precision).
+    `keep_first_last` (keep in high precision every linear layer that reads the model's first
+    activation or writes its last).
 
     Counts: `layers` quantized, and GEMMs quantized per kind (`forward`, `input_grad`,
     `weight_grad`). Notes: the layers kept in high precision and why, GEMMs left alone."""
@@ -118,7 +123,7 @@ class MXQuantize(Pass):
                 fix="apply mx-quantize once; choose the layers with include=/exclude=",
             )
         found = find_linear_gemms(program)
-        chosen, notes = self._select(found.layers)
+        chosen, notes = self._select(found)
         plans = [(layer, _plan(layer, notes)) for layer in chosen]
         plans = [(layer, gemms) for layer, gemms in plans if gemms]
         if found.unmatched:
@@ -159,17 +164,17 @@ class MXQuantize(Pass):
 
     # ---- which layers ------------------------------------------------------------------------
 
-    def _select(self, layers: list[Layer]) -> tuple[list[Layer], list[str]]:
+    def _select(self, found: LinearGemms) -> tuple[list[Layer], list[str]]:
         """The layers to quantize, and a note per reason for the ones kept."""
+        boundary = {}
+        if self.keep_first_last:
+            boundary = {id(layer): _LAST for layer in found.last}
+            boundary.update({id(layer): _FIRST for layer in found.first})
         kept: dict[str, list[str]] = {}
         chosen = []
-        last = len(layers) - 1
-        for i, layer in enumerate(layers):
-            if self.keep_first_last and i in (0, last):
-                why = "first" if i == 0 else "last"
-                kept.setdefault(f"{why} linear layer (keep_first_last=true)", []).append(
-                    layer.module
-                )
+        for layer in found.layers:
+            if id(layer) in boundary:
+                kept.setdefault(boundary[id(layer)], []).append(layer.module)
             elif self.include is not None and not re.search(self.include, layer.module):
                 kept.setdefault(f"not matched by include={self.include!r}", []).append(layer.module)
             elif self.exclude is not None and re.search(self.exclude, layer.module):
@@ -177,7 +182,7 @@ class MXQuantize(Pass):
             else:
                 chosen.append(layer)
         notes = [f"kept in high precision, {why}: {', '.join(mods)}" for why, mods in kept.items()]
-        if not layers:
+        if not found.layers:
             notes.append("no linear layer (mm/addmm with a parameter operand) in the program")
         return chosen, notes
 

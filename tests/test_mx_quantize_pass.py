@@ -253,6 +253,13 @@ def test_golden_training_gemms():
 # ---- which layers and GEMMs, on the examples -------------------------------------------------
 
 TOKENS = {"mlp": 8, "gpt": 32, "llama": 32}  # rows of the flattened activations (M)
+# keep_first_last keeps every linear that reads the model's first activation (block 0's
+# attention projections all read the norm of the embedding) and every one that writes its last
+BOUNDARY = {
+    "mlp": {"fc1", "fc2"},
+    "gpt": {"blocks.0.attn.qkv", "lm_head"},
+    "llama": {"blocks.0.attn.q_proj", "blocks.0.attn.k_proj", "blocks.0.attn.v_proj", "lm_head"},
+}
 NO_INPUT_GRAD = {"mlp": {"fc1"}}  # linears whose input is the batch: no input_grad GEMM
 
 
@@ -279,7 +286,8 @@ def expected_gemms(spec, stem: str, training: bool, chosen) -> dict[str, list[st
 @pytest.mark.parametrize("stem", ["mlp", "gpt", "llama"])
 def test_example_layers_and_gemms(example_spec, stem, training, keep_first_last):
     program, spec = captured(example_spec, stem, training)
-    chosen = (lambda names: names[1:-1]) if keep_first_last else (lambda names: names)
+    kept = BOUNDARY[stem] if keep_first_last else set()
+    chosen = lambda names: [n for n in names if n not in kept]  # noqa: E731
     expected = expected_gemms(spec, stem, training, chosen)
     flag = "true" if keep_first_last else "false"
     out, report = run_pass(program, f"mx-quantize{{keep_first_last={flag}}}")
@@ -307,13 +315,66 @@ def test_example_layers_and_gemms(example_spec, stem, training, keep_first_last)
                 assert not any(n.target in (DQ, Q) for n in node.all_input_nodes), (
                     node.format_node()
                 )
-    if keep_first_last and stem != "mlp":
-        assert "lm_head" not in got and any(
-            "last linear layer" in n and "lm_head" in n for n in report.notes
-        )
+    if keep_first_last:
+        first = {n for n in BOUNDARY[stem] if n != ("fc2" if stem == "mlp" else "lm_head")}
+        assert _kept(report) == {"first": first, "last": BOUNDARY[stem] - first}
     if training and stem in ("gpt", "llama"):
         assert all(roles == list(GEMMS) for roles in got.values())  # 3 GEMMs per linear
     assert out.signature == program.signature
+
+
+def _kept(report) -> dict[str, set[str]]:
+    """Modules kept by keep_first_last, from the report's notes: {"first": ..., "last": ...}."""
+    kept = {}
+    for note in report.notes:
+        for which in ("first", "last"):
+            if note.startswith(f"kept in high precision, {which} linear layers"):
+                kept[which] = set(note.split(": ", 1)[1].split(", "))
+    return kept
+
+
+@pytest.mark.hf
+@pytest.mark.parametrize("training", [False, True], ids=["inference", "train_step"])
+def test_keep_first_last_keeps_every_projection_of_the_first_activation(hf_model, training):
+    """Hugging Face Llama: q_proj, k_proj and v_proj of layer 0 all read the first activation
+    (the norm of the embedding), so all three stay high precision, not q_proj alone."""
+    torch.manual_seed(0)
+    model = hf_model("llama")
+    ids = torch.randint(0, 128, (2, 16))
+    if training:
+        loss = lambda m, i, t: F.cross_entropy(m(i).logits.flatten(0, 1), t.flatten())  # noqa: E731
+        program = portable.capture(
+            model, (ids, ids), loss_fn=loss, optimizer=portable.optim.SGD(lr=0.1)
+        )
+    else:
+        program = portable.capture(model.eval(), (ids,))
+    out, report = run_pass(program)
+    first = {f"model.layers.0.self_attn.{p}_proj" for p in "qkv"}
+    assert _kept(report) == {"first": first, "last": {"lm_head"}}
+    linears = {n for n, m in model.named_modules() if isinstance(m, nn.Linear)}
+    quantized = {layer["module"] for layer in out.metadata["mx_quantize"]["layers"]}
+    assert quantized == linears - first - {"lm_head"} and len(quantized) == 11
+
+
+class TwoInTwoOut(nn.Module):
+    """Two inputs, each with its own projection, and two heads on the last hidden state."""
+
+    def __init__(self):
+        super().__init__()
+        self.a_in, self.b_in = nn.Linear(32, 64), nn.Linear(32, 64)
+        self.mid = nn.Linear(64, 64)
+        self.logits, self.value = nn.Linear(64, 32), nn.Linear(64, 32)
+
+    def forward(self, a, b):
+        h = F.gelu(self.mid(F.gelu(self.a_in(a)) + F.gelu(self.b_in(b))))
+        return self.logits(h), self.value(h)
+
+
+def test_keep_first_last_keeps_every_input_projection_and_every_head():
+    program = portable.capture(TwoInTwoOut().eval(), (torch.randn(32, 32), torch.randn(32, 32)))
+    out, report = run_pass(program)
+    assert _kept(report) == {"first": {"a_in", "b_in"}, "last": {"logits", "value"}}
+    assert [layer["module"] for layer in out.metadata["mx_quantize"]["layers"]] == ["mid"]
 
 
 def test_mlp_training_skips_gemms_whose_contraction_is_not_a_block_multiple(example_spec):

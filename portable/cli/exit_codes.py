@@ -15,7 +15,7 @@ class ExitCode(enum.IntEnum):
     USAGE = 2  # bad command line (argparse)
     USER_ERROR = 3  # a PortableError from user input (spec, capture, verify, archive, pass, plan)
     #                 or an OSError reading or writing files
-    BACKEND_ERROR = 4  # a backend cannot lower or compile the program
+    BACKEND_ERROR = 4  # a backend cannot lower or compile the program; a `portable run` rank failed
     OUTPUT_CONFLICT = 5  # --out exists and holds foreign content, or needs --force
     CHECK_FINDINGS = 6  # `portable check` found problems in the artifacts
     COMPILER_MISSING = 7  # --compile, and neuronx-cc is not on PATH (nothing was written)
@@ -31,7 +31,8 @@ EPILOG = """exit codes:
   2   usage error
   3   error in user input: spec, capture, verify, archive, pass or plan,
       or a file that cannot be read or written (`error: ...` on stderr)
-  4   a backend cannot lower or compile the program
+  4   a backend cannot lower or compile the program; portable run: a rank died, hung or
+      raised something that is not a portable error (the message names it)
   5   output directory conflict (foreign content, or an earlier output without --force)
   6   `portable check` found problems
   7   --compile, but neuronx-cc is not on PATH (checked before capture; nothing written)

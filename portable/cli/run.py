@@ -9,6 +9,9 @@ Runs a model on N local processes with torch.distributed (gloo on CPU, nccl with
 4. torch's launcher starts N workers (portable/distributed/worker.py) that shard, run K steps
    and gather; rank 0 writes the results: DIR/results.json (losses, ...) and
    DIR/state.safetensors (final GLOBAL state) or DIR/outputs.safetensors (inference).
+   A rank that dies, or makes no progress for --timeout seconds, ends the job with every process
+   of it, and the error names the rank, how it ended and the step it had reached
+   (portable/distributed/job.py, diagnosis.py).
 
 PLAN is a JSON file in `Plan.to_json()` form, or `file.py:attr` naming a Plan or a zero-argument
 callable returning one; default: the spec's (or archive's) own plan.
@@ -63,7 +66,14 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     )
     p.add_argument("--out", "-o", type=Path, default=None, metavar="DIR", help="results folder")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None, help="default: auto")
-    p.add_argument("--timeout", type=float, default=None, metavar="S", help="launcher timeout")
+    p.add_argument(
+        "--timeout",
+        type=_positive_float,
+        default=300.0,
+        metavar="S",
+        help="seconds a rank may go without progress (a collective waiting for the others, or "
+        "no heartbeat: a stopped or wedged process) before the job is ended (default 300)",
+    )
     p.add_argument("--json", action="store_true", help="print one JSON document to stdout")
     p.add_argument("--quiet", "-q", action="store_true", help="no stage lines on stderr")
     p.set_defaults(run=run)
@@ -218,6 +228,13 @@ def _print(args: argparse.Namespace, doc: dict[str, Any]) -> None:
         print(format_table(["step", "loss"], [(i + 1, f"{v:.6f}") for i, v in enumerate(losses)]))
     if args.out is not None:
         print(f"wrote {args.out}: {', '.join(results['files'].values())}")
+
+
+def _positive_float(text: str) -> float:
+    value = float(text)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be positive, got {text}")
+    return value
 
 
 def _positive_int(text: str) -> int:

@@ -9,10 +9,13 @@ A *run directory* is what every rank reads (written by `prepare`, read by the wo
     DIR/inputs.safetensors   GLOBAL user inputs (the batch), keyed by input placeholder name
     DIR/run.json             {"format": "portable-run-input", "format_version": 1, "steps": K}
 
-`launch` runs `python -m torch.distributed.run --nproc-per-node N ... -m portable.distributed.worker`
-on 127.0.0.1 with a free port (gloo on CPU, nccl when CUDA is available), waits for it, and
-returns the results rank 0 wrote (`worker.py` documents the output directory). A rank that fails
-with a PortableError writes it to a report folder; `launch` raises it again here with its type.
+`launch` runs torchrun (`torch.distributed.run`, through agent.py, which records how failed ranks
+ended) with `-m portable.distributed.worker` on 127.0.0.1 with a free port (gloo on CPU, nccl when
+CUDA is available), waits for it, and returns the results rank 0 wrote (`worker.py` documents the
+output directory). The job is watched and ended whole (job.py): a rank that dies or makes no
+progress for `timeout_s` ends it, and no process of it outlives it. A rank's PortableError is
+raised again here with its type; any other failure as one RankFailedError that names the rank,
+how it ended and the step it had reached (diagnosis.py).
 """
 
 from __future__ import annotations
@@ -20,7 +23,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
 import sys
 import tempfile
 from collections.abc import Mapping
@@ -30,11 +32,13 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from .. import errors
-from ..errors import BackendError, PortableError
+from ..errors import InputError
 from ..ir.program import Program
+from .agent import read_failures
+from .diagnosis import job_error, read_reports
+from .job import Job
 
-__all__ = ["INPUT_FORMAT", "default_backend", "launch", "prepare"]
+__all__ = ["DEFAULT_TIMEOUT_S", "INPUT_FORMAT", "default_backend", "launch", "prepare"]
 
 INPUT_FORMAT = "portable-run-input"
 INPUT_FORMAT_VERSION = 1
@@ -42,6 +46,11 @@ PROGRAM = "program.portable"
 STATE = "state.safetensors"
 INPUTS = "inputs.safetensors"
 RUN = "run.json"
+FAILURES = "failures.json"  # in the report folder: torchrun's per-rank failures (agent.py)
+
+DEFAULT_TIMEOUT_S = 300.0  # seconds a rank may go without progress before the job is ended
+STARTUP_MIN_S = 120.0  # a rank has at least this long to start (import torch) and beat once
+SHUTDOWN_S = 3  # torchrun: SIGTERM to SIGKILL when it stops the other ranks of a failed job
 
 
 def default_backend() -> str:
@@ -77,68 +86,55 @@ def launch(
     *,
     steps: int | None = None,
     backend: str | None = None,
-    timeout_s: float | None = None,
+    timeout_s: float = DEFAULT_TIMEOUT_S,
     quiet: bool = True,
 ) -> dict[str, Any]:
     """Run the per-rank program of `run_dir` on `nproc` local processes; return results.json.
 
-    Rank 0 writes `out` (atomically). Raises the PortableError a rank failed with, or
-    BackendError when the launcher or a rank fails otherwise (with the tail of its output)."""
+    Rank 0 writes `out` (atomically). A rank that dies, or that makes no progress for
+    `timeout_s` seconds (a collective waiting that long for its peers, or no heartbeat: a stopped
+    or wedged process), ends the job in about that time, and every process of the job ends with
+    it (job.py). Raises the PortableError a rank failed with, or RankFailedError naming the
+    rank, how it ended (exit status, signal, silence) and the step it had reached."""
+    if not timeout_s > 0:
+        raise InputError(f"timeout_s must be positive, got {timeout_s}")
     backend = backend or default_backend()
-    with tempfile.TemporaryDirectory(prefix="portable-run-report-") as report:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--nnodes",
-            "1",
-            "--nproc-per-node",
-            str(nproc),
-            "--master-addr",
-            "127.0.0.1",
-            "--master-port",
-            str(free_port()),
-            "--max-restarts",
-            "0",
-            "-m",
-            "portable.distributed.worker",
-            "--program",
-            str(run_dir),
-            "--out",
-            str(out),
-            "--backend",
-            backend,
-            "--report",
-            report,
-        ]
-        if steps is not None:
-            cmd += ["--steps", str(steps)]
+    with tempfile.TemporaryDirectory(prefix="portable-run-report-") as folder:
+        report = Path(folder)
+        cmd = _command(Path(run_dir), nproc, Path(out), report, steps, backend, timeout_s)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        try:
-            proc = subprocess.run(
-                cmd,
-                env=env,
-                stdout=subprocess.PIPE if quiet else None,
-                stderr=subprocess.STDOUT if quiet else None,
-                text=True,
-                timeout=timeout_s,
-            )
-        except subprocess.TimeoutExpired as exc:
-            raise BackendError(
-                f"torch.distributed.run did not finish within {timeout_s:g}s",
-                fix="raise the timeout, or look for a rank that hangs in a collective",
-            ) from exc
-        failure = _rank_failure(Path(report))
-        if failure is not None:
-            raise failure
-        if proc.returncode != 0:
-            tail = (proc.stdout or "")[-4000:]
-            raise BackendError(
-                f"torch.distributed.run exited with {proc.returncode}",
-                details=tail or None,
-                fix="run it again without --quiet/--json to see every rank's output",
-            )
+        startup_s = max(timeout_s, STARTUP_MIN_S)
+        options = {"timeout_s": timeout_s, "startup_s": startup_s, "capture_output": quiet}
+        with Job(cmd, report, nproc=nproc, env=env, **options) as job:
+            outcome = job.wait()
+        failures = read_failures(report / FAILURES)
+        error = job_error(nproc, outcome, failures, read_reports(report), timeout_s=timeout_s)
+        if error is not None:
+            raise error
     return json.loads((Path(out) / "results.json").read_text())
+
+
+def _command(
+    run_dir: Path,
+    nproc: int,
+    out: Path,
+    report: Path,
+    steps: int | None,
+    backend: str,
+    timeout_s: float,
+) -> list[str]:
+    """torchrun (through agent.py, which records how failed ranks ended) running the worker."""
+    agent = [sys.executable, "-m", "portable.distributed.agent", str(report / FAILURES)]
+    torchrun = [
+        *("--nnodes", "1", "--nproc-per-node", str(nproc), "--max-restarts", "0"),
+        *("--master-addr", "127.0.0.1", "--master-port", str(free_port())),
+        *("--shutdown-timeout", str(SHUTDOWN_S), "--log-dir", str(report / "torchrun")),
+    ]
+    worker = ["-m", "portable.distributed.worker", "--program", str(run_dir), "--out", str(out)]
+    worker += ["--backend", backend, "--report", str(report), "--timeout", f"{timeout_s:g}"]
+    if steps is not None:
+        worker += ["--steps", str(steps)]
+    return [*agent, str(os.getpid()), *torchrun, *worker]
 
 
 def free_port() -> int:
@@ -146,42 +142,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def write_failure(report: Path, rank: int, exc: PortableError) -> None:
-    """Record a rank's PortableError (type, fields) for the launcher to raise again."""
-    doc = {
-        "rank": rank,
-        "type": type(exc).__name__,
-        "what": exc.what,
-        "fix": exc.fix,
-        "op": exc.op,
-        "details": exc.details,
-    }
-    tmp = report / f".rank{rank}.json.tmp"
-    tmp.write_text(json.dumps(doc))
-    tmp.replace(report / f"rank{rank}.json")
-
-
-def _rank_failure(report: Path) -> PortableError | None:
-    files = sorted(report.glob("rank*.json"), key=lambda p: int(p.stem[4:]))
-    if not files:
-        return None
-    doc = json.loads(files[0].read_text())
-    from ..cli import exit_codes
-
-    cls = getattr(errors, doc["type"], None) or getattr(exit_codes, doc["type"], None)
-    if not (isinstance(cls, type) and issubclass(cls, PortableError)):
-        cls = PortableError
-    ranks = ", ".join(p.stem[4:] for p in files)
-    what = f"rank {doc['rank']}: {doc['what']}"
-    if len(files) > 1:
-        what += f" (ranks that failed: {ranks})"
-    fields = {"op": doc.get("op"), "details": doc.get("details"), "fix": doc.get("fix")}
-    try:
-        return cls(what, **fields)
-    except TypeError:  # a subclass with required fields of its own (PassError, LoweringError)
-        return PortableError(f"{doc['type']}: {what}", **fields)
 
 
 def _savable(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -16,7 +16,11 @@ of `split_dim` to rank j and concatenates what it receives along `concat_dim` in
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+import datetime
+import os
+import re
+from collections.abc import Callable, Iterator
 
 import torch
 import torch.distributed as dist
@@ -26,7 +30,40 @@ from ..ir.plan import Mesh
 from ..ir.sharding import coords_of, groups_of
 from ..opset.collectives import REDUCE_OPS
 
-__all__ = ["TorchCollectives"]
+__all__ = ["CollectiveError", "TorchCollectives", "collective"]
+
+
+def _rank() -> str:
+    return str(dist.get_rank()) if dist.is_initialized() else os.environ.get("RANK", "?")
+
+
+def _first_sentence(exc: RuntimeError) -> str:
+    """gloo's message without its source location and boilerplate advice."""
+    text = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+    text = re.sub(r"^\[[^\]]*\]\s*", "", text)  # [/.../gloo/transport/tcp/pair.cc:537]
+    return text.split(". This is typically")[0]
+
+
+class CollectiveError(BackendError):
+    """A collective (or the process group set-up) did not complete on this rank: a peer died,
+    hung, or took longer than the timeout to take part. Usually a consequence: the launcher
+    looks for the rank that caused it."""
+
+
+@contextlib.contextmanager
+def collective(what: str, timeout: datetime.timedelta | None = None) -> Iterator[None]:
+    """Turn torch.distributed's failures inside the block (gloo/nccl `RuntimeError`s: a timeout,
+    `Connection closed by peer`) into a CollectiveError saying `what` this rank was doing."""
+    try:
+        yield
+    except RuntimeError as exc:
+        first = _first_sentence(exc)
+        limit = f" (timeout {timeout.total_seconds():g}s)" if timeout is not None else ""
+        raise CollectiveError(
+            f"{what} did not complete on rank {_rank()}{limit}: {first}",
+            fix="another rank died or hung: the launcher's message names it",
+        ) from exc
+
 
 _fc = torch.ops._c10d_functional
 Finish = Callable[[torch.Tensor], torch.Tensor]
@@ -36,9 +73,11 @@ class TorchCollectives:
     """The `CollectiveRuntime` of one rank of `mesh` (needs `dist.init_process_group` first).
 
     Creating it is itself collective: every rank of the job must construct it with the same
-    mesh, in the same order relative to its other `new_group` calls."""
+    mesh, in the same order relative to its other `new_group` calls. Every collective waits at
+    most `timeout` for its peers (torch's default for a new group is 30 minutes with gloo), then
+    raises CollectiveError."""
 
-    def __init__(self, mesh: Mesh) -> None:
+    def __init__(self, mesh: Mesh, timeout: datetime.timedelta | None = None) -> None:
         world = dist.get_world_size()
         if world != mesh.size:
             axes = " x ".join(f"{n}={s}" for n, s in mesh.axes)
@@ -48,6 +87,7 @@ class TorchCollectives:
                 fix=f"launch {mesh.size} processes or change the mesh",
             )
         self.mesh = mesh
+        self.timeout = timeout
         self.rank = dist.get_rank()
         self.coords = coords_of(mesh, self.rank)
         # axis -> (process group name, its ranks) of the group this rank belongs to
@@ -56,11 +96,13 @@ class TorchCollectives:
             if mesh.axis_size(axis) == 1:
                 continue  # a group of one: every collective is the identity, no group needed
             for ranks in groups_of(mesh, axis):
-                group = dist.new_group(ranks)  # collective over the world: every rank calls it
+                with collective(f"creating the process group of {axis} {ranks}", timeout):
+                    group = dist.new_group(ranks, timeout=timeout)  # every rank calls it
                 if self.rank in ranks:
                     self._groups[axis] = (group.group_name, ranks)
-        # in-flight results (by tensor identity) -> what `wait` does after the transfer
-        self._pending: dict[int, tuple[torch.Tensor, Finish]] = {}
+        # in-flight results (by tensor identity) -> (result, what `wait` does after the transfer,
+        # what the collective is, for messages)
+        self._pending: dict[int, tuple[torch.Tensor, Finish, str]] = {}
 
     # ------------------------------------------------------------------ CollectiveRuntime
 
@@ -68,7 +110,9 @@ class TorchCollectives:
         name = self._group(axis, group_size, reduce_op)
         if name is None:
             return x.clone()
-        return self._issue(_fc.all_reduce(x.contiguous(), reduce_op, name))
+        with self._transfer("all_reduce", axis):
+            out = _fc.all_reduce(x.contiguous(), reduce_op, name)
+        return self._issue(out, "all_reduce", axis)
 
     def all_gather(self, x: torch.Tensor, dim: int, axis: str, group_size: int):
         name = self._group(axis, group_size)
@@ -77,8 +121,9 @@ class TorchCollectives:
         dim = dim % x.dim()
         # gather along dim 0 of x with `dim` moved first, then move it back
         moved = x.movedim(dim, 0).contiguous()
-        out = _fc.all_gather_into_tensor(moved, group_size, name)
-        return self._issue(out, _move_back(dim))
+        with self._transfer("all_gather", axis):
+            out = _fc.all_gather_into_tensor(moved, group_size, name)
+        return self._issue(out, "all_gather", axis, _move_back(dim))
 
     def reduce_scatter(self, x: torch.Tensor, reduce_op: str, dim: int, axis: str, group_size: int):
         name = self._group(axis, group_size, reduce_op)
@@ -87,8 +132,9 @@ class TorchCollectives:
         dim = dim % x.dim()
         _check_divides(x, dim, group_size, "reduce_scatter")
         moved = x.movedim(dim, 0).contiguous()
-        out = _fc.reduce_scatter_tensor(moved, reduce_op, group_size, name)
-        return self._issue(out, _move_back(dim))
+        with self._transfer("reduce_scatter", axis):
+            out = _fc.reduce_scatter_tensor(moved, reduce_op, group_size, name)
+        return self._issue(out, "reduce_scatter", axis, _move_back(dim))
 
     def all_to_all(
         self, x: torch.Tensor, split_dim: int, concat_dim: int, axis: str, group_size: int
@@ -101,14 +147,15 @@ class TorchCollectives:
         # chunk j of split_dim goes to rank j: with split_dim moved first, equal splits of dim 0
         moved = x.movedim(split_dim, 0).contiguous()
         splits = [moved.shape[0] // group_size] * group_size
-        out = _fc.all_to_all_single(moved, splits, splits, name)
+        with self._transfer("all_to_all", axis):
+            out = _fc.all_to_all_single(moved, splits, splits, name)
 
         def finish(received: torch.Tensor) -> torch.Tensor:
             # block i of dim 0 came from rank i: put split_dim back, concatenate blocks in order
             blocks = [b.movedim(0, split_dim) for b in received.chunk(group_size, 0)]
             return torch.cat(blocks, dim=concat_dim)
 
-        return self._issue(out, finish)
+        return self._issue(out, "all_to_all", axis, finish)
 
     def local_shard(self, x: torch.Tensor, dim: int, axis: str, group_size: int):
         self._group(axis, group_size)
@@ -122,14 +169,24 @@ class TorchCollectives:
         entry = self._pending.pop(id(x), None)
         if entry is None:  # not in flight (a group of one, or waited already)
             return x.clone()
-        value, finish = entry
-        return finish(_fc.wait_tensor(value))
+        value, finish, what = entry
+        with collective(f"waiting for {what}", self.timeout):
+            done = _fc.wait_tensor(value)
+        return finish(done)
 
     # ------------------------------------------------------------------ helpers
 
-    def _issue(self, out: torch.Tensor, finish: Finish | None = None) -> torch.Tensor:
-        self._pending[id(out)] = (out, finish or _identity)
+    def _issue(
+        self, out: torch.Tensor, op: str, axis: str, finish: Finish | None = None
+    ) -> torch.Tensor:
+        self._pending[id(out)] = (out, finish or _identity, self._describe(op, axis))
         return out
+
+    def _transfer(self, op: str, axis: str) -> contextlib.AbstractContextManager[None]:
+        return collective(f"starting {self._describe(op, axis)}", self.timeout)
+
+    def _describe(self, op: str, axis: str) -> str:
+        return f"{op} over {axis} (ranks {self._groups[axis][1]})"
 
     def _group(self, axis: str, group_size: int, reduce_op: str | None = None) -> str | None:
         """The group name of this rank on `axis`, or None for a group of one rank."""

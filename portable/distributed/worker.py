@@ -20,25 +20,29 @@ Per rank, in order:
     OUT/outputs.safetensors inference: GLOBAL outputs, keyed by output name
 
 A PortableError on a rank is written to `--report DIR/rank<r>.json` (when given) for the launcher,
-printed as `error: ...`, and the rank exits with 3.
+printed as `error: ...`, and the rank exits with 3; any other exception reaches torchrun's error
+file (`@record`). With `--report`, the rank also beats into `DIR/rank<r>.beat.json` (heartbeat.py:
+phase, step, pid). Every collective, and joining the process group, waits at most `--timeout`
+seconds (default 300) for the other ranks, then fails with a CollectiveError. A rank dies with its
+parent, torchrun (lifetime.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import datetime
 import json
 import os
-import secrets
-import shutil
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import safetensors.torch
 import torch
 import torch.distributed as dist
+from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArchiveError, InputError, PortableError
 from ..ir.plan import Mesh
@@ -46,7 +50,11 @@ from ..ir.program import Program, ProgramKind
 from ..ir.sharding import Sharding, shard, unshard
 from ..ir.signature import InputKind, OutputKind
 from . import launch as run_dir
-from .runtime import TorchCollectives
+from .agent import AGENT_PID_ENV
+from .diagnosis import write_failure
+from .heartbeat import Heartbeat
+from .lifetime import die_with_parent
+from .runtime import TorchCollectives, collective
 
 __all__ = ["OUTPUT_FORMAT", "main", "run_rank"]
 
@@ -54,19 +62,28 @@ OUTPUT_FORMAT = "portable-run-output"
 OUTPUT_FORMAT_VERSION = 1
 
 
+@record  # an exception that is not a PortableError reaches torchrun's error file, then the message
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    agent = os.environ.get(AGENT_PID_ENV)
+    die_with_parent(int(agent) if agent else None)  # no rank outlives the launcher
     rank = int(os.environ.get("RANK", "0"))
+    beat = None
+    if args.report is not None:
+        beat = Heartbeat(args.report, rank, interval=min(1.0, args.timeout / 10)).start()
     try:
-        run_rank(args.program, args.out, steps=args.steps, backend=args.backend)
+        options = {"steps": args.steps, "backend": args.backend, "timeout_s": args.timeout}
+        run_rank(args.program, args.out, at=beat.at if beat else None, **options)
     except PortableError as exc:
         if args.report is not None:
-            run_dir.write_failure(Path(args.report), rank, exc)
+            write_failure(Path(args.report), rank, exc)
         print(f"error: [rank {rank}] {exc}", file=sys.stderr)
         return 3
     finally:
         if dist.is_initialized():
             dist.destroy_process_group()
+        if beat is not None:
+            beat.stop()
     return 0
 
 
@@ -79,8 +96,19 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, type=Path, metavar="DIR", help="rank 0 writes here")
     p.add_argument("--steps", type=int, default=None, help="training steps (default: run.json)")
     p.add_argument("--backend", choices=("gloo", "nccl"), default=None)
-    p.add_argument("--report", type=Path, default=None, help="folder for rank failures")
+    p.add_argument("--report", type=Path, default=None, help="folder for failures and heartbeats")
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=run_dir.DEFAULT_TIMEOUT_S,
+        metavar="S",
+        help="seconds a collective waits for the other ranks",
+    )
     return p
+
+
+def _no_beat(phase: str, step: int | None = None, steps: int | None = None) -> None:
+    pass
 
 
 def run_rank(
@@ -89,11 +117,73 @@ def run_rank(
     *,
     steps: int | None = None,
     backend: str | None = None,
+    timeout_s: float = run_dir.DEFAULT_TIMEOUT_S,
+    at: Callable[..., None] | None = None,
 ) -> None:
-    """Run this process's rank (env from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*)."""
+    """Run this process's rank (env from torchrun: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_*).
+
+    Every collective waits at most `timeout_s` for the other ranks (CollectiveError after);
+    `at(phase, step, steps)` is told where the rank is (heartbeat.py)."""
+    at = at or _no_beat
+    root = Path(directory)
+    program, spmd, mesh, steps = _checked_program(root, steps)
+    timeout = datetime.timedelta(seconds=timeout_s)
+    backend = backend or run_dir.default_backend()
+    device = torch.device("cpu")
+    if backend == "nccl":
+        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+        torch.cuda.set_device(device)
+    at("init")
+    with collective("joining the process group", timeout):
+        dist.init_process_group(
+            backend, timeout=timeout, device_id=device if backend == "nccl" else None
+        )
+    rank = dist.get_rank()
+    collectives = TorchCollectives(mesh, timeout)
+
+    at("shard")
+    timings: dict[str, float] = {}
+    start = time.perf_counter()
+    state = _local(root / run_dir.STATE, program, spmd, mesh, rank, state=True, device=device)
+    inputs = _local(root / run_dir.INPUTS, program, spmd, mesh, rank, state=False, device=device)
+    timings["shard_s"] = time.perf_counter() - start
+
+    exe = _executable(program, state, device)
+    start = time.perf_counter()
+    losses, outputs = _steps(exe, program, inputs, steps, collectives, at)
+    timings["run_s"] = time.perf_counter() - start
+
+    at("gather")
+    start = time.perf_counter()
+    with collective("gathering the results", timeout):
+        results = _gather(program, spmd, mesh, exe.state, losses, outputs)
+    timings["gather_s"] = time.perf_counter() - start
+    if rank == 0:
+        assert results is not None
+        at("write")
+        doc = {
+            "format": OUTPUT_FORMAT,
+            "format_version": OUTPUT_FORMAT_VERSION,
+            "program": program.identity(),
+            "kind": program.kind.value,
+            "backend": backend,
+            "world_size": dist.get_world_size(),
+            "mesh": mesh.to_json(),
+            "steps": steps if program.kind is ProgramKind.TRAINING_STEP else 1,
+            **results.pop("doc"),
+            "timings": {k: round(v, 4) for k, v in timings.items()},
+        }
+        _write_out(Path(out), doc, results)
+    at("done")
+    with collective("the final barrier", timeout):
+        dist.barrier()
+
+
+def _checked_program(root: Path, steps: int | None) -> tuple[Program, dict[str, Any], Mesh, int]:
+    """The per-rank program of run directory `root`, its spmd metadata, mesh and step count,
+    checked against the world size torchrun set before any data is read."""
     from ..archive import load
 
-    root = Path(directory)
     config = _read_run(root)
     steps = config.get("steps", 1) if steps is None else steps
     program = load(root / run_dir.PROGRAM)
@@ -107,59 +197,28 @@ def run_rank(
             f"{program.plan.mesh.to_json()}",
             fix="re-run the spmd-partition pass",
         )
+    return program, spmd, mesh, steps
 
-    backend = backend or run_dir.default_backend()
-    device = torch.device("cpu")
-    if backend == "nccl":
-        device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
-        torch.cuda.set_device(device)
-    dist.init_process_group(backend, device_id=device if backend == "nccl" else None)
-    rank = dist.get_rank()
-    collectives = TorchCollectives(mesh)
 
-    timings: dict[str, float] = {}
-    start = time.perf_counter()
-    state = _local(root / run_dir.STATE, program, spmd, mesh, rank, state=True, device=device)
-    inputs = _local(root / run_dir.INPUTS, program, spmd, mesh, rank, state=False, device=device)
-    timings["shard_s"] = time.perf_counter() - start
-
+def _steps(exe, program: Program, inputs, steps: int, collectives, at: Callable[..., None]):
+    """K training steps (the losses) or one inference call (the outputs by name)."""
     from ..opset.collectives import collective_runtime
 
-    exe = _executable(program, state, device)
     users = [inputs[i.name] for i in program.signature.user_inputs]
-    start = time.perf_counter()
     losses: list[torch.Tensor] = []
     outputs: dict[str, torch.Tensor] = {}
     with collective_runtime(collectives):
         if program.kind is ProgramKind.TRAINING_STEP:
-            for _ in range(steps):
+            for step in range(1, steps + 1):
+                at("step", step, steps)
                 losses.append(exe(*users).loss.detach().reshape(()))
         else:
+            at("inference")
             values = exe(*users)
             values = values if isinstance(values, tuple) else (values,)
             names = [o.name for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
             outputs = dict(zip(names, values, strict=True))
-    timings["run_s"] = time.perf_counter() - start
-
-    start = time.perf_counter()
-    results = _gather(program, spmd, mesh, exe.state, losses, outputs)
-    timings["gather_s"] = time.perf_counter() - start
-    if rank == 0:
-        assert results is not None
-        doc = {
-            "format": OUTPUT_FORMAT,
-            "format_version": OUTPUT_FORMAT_VERSION,
-            "program": program.identity(),
-            "kind": program.kind.value,
-            "backend": backend,
-            "world_size": world,
-            "mesh": mesh.to_json(),
-            "steps": steps if program.kind is ProgramKind.TRAINING_STEP else 1,
-            **results.pop("doc"),
-            "timings": {k: round(v, 4) for k, v in timings.items()},
-        }
-        _write_out(Path(out), doc, results)
-    dist.barrier()
+    return losses, outputs
 
 
 # --------------------------------------------------------------------------- inputs
@@ -297,30 +356,17 @@ def _all_gather(local: torch.Tensor) -> list[torch.Tensor]:
 
 
 def _write_out(out: Path, doc: dict[str, Any], results: Mapping[str, Any]) -> None:
-    """Write OUT atomically: a sibling temp dir renamed into place (OUT absent or empty)."""
-    out = Path(os.path.abspath(out))
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        from ..cli.exit_codes import OutputConflictError
+    """Write OUT atomically (OUT absent or empty): a staging directory beside it renamed into
+    place, whose leftovers a killed run leaves are cleaned by the next run (cli/output.py)."""
+    from ..cli.output import staging
 
-        raise OutputConflictError(
-            f"{out} exists and is not empty", fix="choose another --out or move it away"
-        )
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.parent / f".{out.name}.tmp-{secrets.token_hex(4)}"
-    tmp.mkdir()
-    try:
+    with staging(out, force=False) as tmp:
         training = doc["kind"] == ProgramKind.TRAINING_STEP
         name = "state.safetensors" if training else "outputs.safetensors"
         tensors = {k: v.contiguous() for k, v in results["tensors"].items()}
         safetensors.torch.save_file(tensors, tmp / name)
         doc["files"] = {"results": "results.json", "tensors": name}
         (tmp / "results.json").write_text(json.dumps(doc, indent=2) + "\n")
-        if out.exists():
-            out.rmdir()
-        tmp.rename(out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 if __name__ == "__main__":

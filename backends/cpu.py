@@ -12,6 +12,7 @@ import torch
 
 from portable.ir.program import Program, ProgramKind
 from portable.opset import opset_table
+from portable.opset.layouts import in_fake_layout
 from portable.runtime import Executable
 from portable.torch_compat import copy_graph_module
 
@@ -41,6 +42,7 @@ class CpuBackend(Backend):
     def executable(self, compiled: Compiled) -> Executable:
         program = compiled.lowered.program
         gm = copy_graph_module(program.graph_module)
+        in_fake_layout(gm)  # results in the layouts the graph was traced with
 
         def run(flat):
             with torch.no_grad():

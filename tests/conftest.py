@@ -89,6 +89,24 @@ HF_CONFIGS = {
             hidden_dropout_prob=0.0,
         ),
     ),
+    # encoder-decoder with a relative position bias (a trained attention mask); one layer each
+    "t5": (
+        "T5Config",
+        "T5ForConditionalGeneration",
+        dict(
+            d_model=32,
+            d_kv=8,
+            d_ff=64,
+            num_layers=1,
+            num_decoder_layers=1,
+            num_heads=4,
+            relative_attention_num_buckets=8,
+            relative_attention_max_distance=16,
+            dropout_rate=0.0,
+            decoder_start_token_id=0,
+            use_cache=False,
+        ),
+    ),
     "mixtral": (
         "MixtralConfig",
         "MixtralForCausalLM",

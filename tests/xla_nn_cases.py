@@ -256,6 +256,12 @@ _ATTENTION_VARIANTS = {
     "mask_and_causal": lambda d: A(*_qkv(d), _bool_mask(), True),
     "gqa_scale": lambda d: A(*_qkv(d, hq=4, hk=2), None, False, 0.3),
 }
+# float masks that require grad (attention_backward.mask_grad): dmask summed to each shape
+_MASK_GRAD_VARIANTS = {
+    "additive_mask": lambda d: A(*_qkv(d), t(d, 2, 1, 5, 5)),
+    "broadcast_mask_causal": lambda d: A(*_qkv(d), t(d, 5, 5), True),
+    "gqa_scale_per_head": lambda d: A(*_qkv(d, hq=4, hk=2), t(d, 1, 4, 5, 5), False, 0.3),
+}
 
 
 def _attention_backward(d, call: Call) -> Call:
@@ -293,6 +299,16 @@ _PORTABLE = [
             tol=(1e-5, 1e-5),  # softmax gradients: sums of products of O(1) terms
         )
         for label, make in _ATTENTION_VARIANTS.items()
+    ],
+    *[
+        C(
+            "portable.attention_backward.mask_grad",
+            lambda d, make=make: _attention_backward(d, make(d)),
+            (F32,),
+            label,
+            tol=(1e-5, 1e-5),
+        )
+        for label, make in _MASK_GRAD_VARIANTS.items()
     ],
     C("portable.scale_mask_softmax.default", lambda d: A(t(d, 2, 3, 5), None, 0.5), FLOATS),
     C(

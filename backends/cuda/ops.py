@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from portable.opset.nn_ops import attention_reference
+from portable.opset.nn_ops import attention_reference, with_attention_layout
 
 from . import dispatch
 from .lowering import sdpa_covers
@@ -22,8 +22,9 @@ __all__: list[str] = []
 @torch.library.register_kernel("portable::attention", "cuda")
 def _attention_cuda(q, k, v, mask=None, is_causal=False, scale=None):
     covered, _ = sdpa_covers({"mask": mask, "is_causal": is_causal})
-    if covered:
-        return attention_reference(q, k, v, mask, is_causal, scale).contiguous()
+    if covered:  # SDPA on CUDA picks its own layout; the graph was traced with attention's
+        out = attention_reference(q, k, v, mask, is_causal, scale)
+        return with_attention_layout(out, q, k, v, mask, is_causal, scale)
     return dispatch.attention(q, k, v, mask, is_causal, scale)
 
 

@@ -27,6 +27,7 @@ __all__ = ["OnnxBackend"]
 _TRAINING_ONLY = frozenset(
     {
         "portable.attention_backward.default",
+        "portable.attention_backward.mask_grad",
         "portable.rms_norm_backward.default",
         "aten._native_batch_norm_legit_functional.default",
     }

@@ -10,9 +10,15 @@ from collections.abc import Callable
 
 import torch
 import torch.fx
+from torch.fx.experimental.symbolic_shapes import (
+    optimization_hint,
+    statically_known_true,
+    sym_eq,
+)
 
 from ..errors import CaptureError
 from ..ir.source import SourceLoc
+from ..opset.nn_ops import attention_strides
 
 aten = torch.ops.aten
 portable_ops = torch.ops.portable
@@ -80,11 +86,52 @@ def rewrite_to_portable_ops(gm: torch.fx.GraphModule, source_of) -> int:
         target, args, kwargs = rule(node, source_of(node))
         with gm.graph.inserting_before(node):
             new = gm.graph.call_function(target, args, kwargs)
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
+            new.meta = dict(node.meta)
+            out = _keep_traced_layout(gm.graph, node, new)
+        node.replace_all_uses_with(out)
         gm.graph.erase_node(node)
         count += 1
     if count:
         gm.graph.lint()
         gm.recompile()
     return count
+
+
+def _keep_traced_layout(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node):
+    """`new` in the layout torch.export traced for `old`, which later views may rely on.
+
+    Only attention can differ: its layout is that of SDPA on CPU for inputs that do not require
+    grad, and SDPA takes its unfused path (a row-major result) when the mask requires grad. Then
+    # out = permute(clone(permute(new, p), contiguous), p^-1)   (p: the traced dims, outer first)
+    gives the traced layout exactly."""
+    traced = old.meta.get("val")
+    if new.target is not portable_ops.attention.default or not isinstance(traced, torch.Tensor):
+        return new
+    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in new.args]
+    if _same_strides(attention_strides(*vals), traced.stride()):
+        return new
+    order = _dim_order(traced)
+    in_order = order == sorted(order)
+    x = new if in_order else _call(graph, aten.permute.default, new, order)
+    x = _call(graph, aten.clone.default, x, memory_format=torch.contiguous_format)
+    inverse = [order.index(d) for d in range(len(order))]
+    return x if in_order else _call(graph, aten.permute.default, x, inverse)
+
+
+def _call(graph: torch.fx.Graph, target, x: torch.fx.Node, *args, **kwargs) -> torch.fx.Node:
+    """target(x, *args, **kwargs) at the insertion point, with x's meta but no fake value (the
+    decomposition that follows retraces)."""
+    node = graph.call_function(target, (x, *args), kwargs)
+    node.meta = {k: v for k, v in x.meta.items() if k != "val"}
+    return node
+
+
+def _same_strides(a: tuple, b: tuple) -> bool:
+    return len(a) == len(b) and all(
+        statically_known_true(sym_eq(x, y)) for x, y in zip(a, b, strict=True)
+    )
+
+
+def _dim_order(t: torch.Tensor) -> list[int]:
+    """t's dims from outermost to innermost in memory (ties, from size-1 dims, in dim order)."""
+    return sorted(range(t.dim()), key=lambda d: (-optimization_hint(t.stride()[d]), d))

@@ -3,9 +3,10 @@
 Each op has a real CPU kernel (the reference semantics), a fake kernel (shape/dtype only) and an
 autograd formula, so training-step capture records their backward. Attention and rms_norm have
 backward ops of their own (`attention_backward` recomputes the probabilities, so backends need
-not keep what the forward did not); their CPU kernels are eager PyTorch autograd, so the `cpu`
-backend matches an eager training loop. layer_norm's backward is ATen's own
-`native_layer_norm_backward`.
+not keep what the forward did not; `attention_backward.mask_grad` also returns the gradient of a
+float mask that requires grad: T5's relative position bias, ALiBi, learned biases); their CPU
+kernels are eager PyTorch autograd, so the `cpu` backend matches an eager training loop.
+layer_norm's backward is ATen's own `native_layer_norm_backward`.
 
 The CPU kernels call the same PyTorch functions eager code calls (`scaled_dot_product_attention`,
 `layer_norm`, `rms_norm`), so a captured program is bit-identical to eager on the `cpu` backend.
@@ -13,12 +14,21 @@ The CPU kernels call the same PyTorch functions eager code calls (`scaled_dot_pr
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
+from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 
 from .library import define
 
-__all__ = ["attention_reference", "attention_scores_mask", "scale_mask_softmax_reference"]
+__all__ = [
+    "attention_reference",
+    "attention_scores_mask",
+    "attention_strides",
+    "scale_mask_softmax_reference",
+    "with_attention_layout",
+]
 
 define(
     "attention(Tensor q, Tensor k, Tensor v, Tensor? mask=None, bool is_causal=False, "
@@ -27,6 +37,10 @@ define(
 define(
     "attention_backward(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor? mask=None, "
     "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor)"
+)
+define(
+    "attention_backward.mask_grad(Tensor grad, Tensor q, Tensor k, Tensor v, Tensor mask, "
+    "bool is_causal=False, float? scale=None) -> (Tensor, Tensor, Tensor, Tensor)"
 )
 define("scale_mask_softmax(Tensor x, Tensor? mask=None, float scale=1.0, int dim=-1) -> Tensor")
 define(
@@ -90,18 +104,67 @@ def attention_reference(q, k, v, mask=None, is_causal=False, scale=None):
     )
 
 
-# Kernels return contiguous tensors and fake kernels say so: a graph traced against one layout
-# may `view` a result, which only works if the real kernel produced that layout.
+# The output layout. A graph torch.export traced through SDPA may `view` its output in the layout
+# SDPA gave there (a `.contiguous()` that was a no-op is not recorded), so attention's output is
+# laid out as PyTorch's SDPA lays it out on CPU for inputs with these shapes, strides and dtypes
+# (dense; q's dim order when SDPA takes its fused CPU kernel, [..., H, Lq, Dv] row-major
+# otherwise). The CPU kernel is that SDPA call; the fake kernel runs it on fake CPU tensors; other
+# kernels (cuda) restride their result to `attention_strides`.
+
+
+def _on_cpu(t: torch.Tensor | None) -> torch.Tensor | None:
+    """A tensor with t's shape, strides and dtype on the CPU: a fake one under a fake mode."""
+    if t is None:
+        return None
+    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+
+
+def _cpu_layout(q, k, v, mask, is_causal, scale) -> torch.Tensor:
+    return attention_reference(*map(_on_cpu, (q, k, v, mask)), is_causal, scale)
+
+
+@functools.lru_cache(maxsize=256)
+def _strides_of(key: tuple) -> tuple[int, ...]:
+    metas, is_causal, scale = key
+    with FakeTensorMode():
+        fakes = [
+            None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device="cpu")
+            for m in metas
+        ]
+        return tuple(_cpu_layout(*fakes, is_causal, scale).stride())
+
+
+def _meta_key(t: torch.Tensor | None) -> tuple | None:
+    return None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def attention_strides(q, k, v, mask=None, is_causal=False, scale=None) -> tuple[int, ...]:
+    """The strides of `portable::attention`'s output for these (real or fake) inputs: those of
+    PyTorch's SDPA on CPU (see above), computed on fake tensors (nothing is allocated)."""
+    if isinstance(q, FakeTensor):  # symbolic sizes stay symbolic in q's own fake mode
+        with q.fake_mode:
+            return tuple(_cpu_layout(q, k, v, mask, is_causal, scale).stride())
+    key = (tuple(map(_meta_key, (q, k, v, mask))), bool(is_causal), scale)
+    return _strides_of(key)
+
+
+def with_attention_layout(out: torch.Tensor, q, k, v, mask=None, is_causal=False, scale=None):
+    """`out` (attention's result computed elsewhere) in attention's output layout."""
+    strides = attention_strides(q, k, v, mask, is_causal, scale)
+    if tuple(out.stride()) == strides:
+        return out
+    return torch.empty_strided(out.shape, strides, dtype=out.dtype, device=out.device).copy_(out)
 
 
 @torch.library.register_kernel("portable::attention", "cpu")
 def _attention_cpu(q, k, v, mask=None, is_causal=False, scale=None):
-    return attention_reference(q, k, v, mask, is_causal, scale).contiguous()
+    return attention_reference(q, k, v, mask, is_causal, scale)  # SDPA's own layout
 
 
 @torch.library.register_fake("portable::attention")
 def _attention_fake(q, k, v, mask=None, is_causal=False, scale=None):
-    return q.new_empty((*q.shape[:-1], v.shape[-1]))
+    shape = (*q.shape[:-1], v.shape[-1])
+    return q.new_empty_strided(shape, attention_strides(q, k, v, mask, is_causal, scale))
 
 
 def _eager_grads(fn, inputs, grad):
@@ -131,6 +194,33 @@ def _attention_backward_fake(grad, q, k, v, mask=None, is_causal=False, scale=No
     return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
 
 
+def _check_trainable_mask(mask: torch.Tensor) -> None:
+    torch._check(
+        mask.is_floating_point(),
+        lambda: f"attention_backward.mask_grad needs a float (additive) mask, got {mask.dtype}",
+    )
+
+
+@torch.library.register_kernel("portable::attention_backward.mask_grad", ("cpu", "cuda"))
+def _attention_backward_mask_grad_cpu(grad, q, k, v, mask, is_causal=False, scale=None):
+    """(dq, dk, dv, dmask) of attention_reference by eager autograd; dmask is summed over the
+    dims the mask broadcasts along, so it has the mask's shape (and dtype)."""
+    _check_trainable_mask(mask)
+    return tuple(
+        _eager_grads(
+            lambda q, k, v, m: attention_reference(q, k, v, m, is_causal, scale),
+            (q, k, v, mask),
+            grad,
+        )
+    )
+
+
+@torch.library.register_fake("portable::attention_backward.mask_grad")
+def _attention_backward_mask_grad_fake(grad, q, k, v, mask, is_causal=False, scale=None):
+    _check_trainable_mask(mask)
+    return (*_attention_backward_fake(grad, q, k, v), mask.new_empty(mask.shape))
+
+
 def _attention_setup(ctx, inputs, output):
     q, k, v, mask, is_causal, scale = inputs
     ctx.save_for_backward(q, k, v, mask)
@@ -138,7 +228,14 @@ def _attention_setup(ctx, inputs, output):
 
 
 def _attention_grad(ctx, grad):
+    # A mask that requires grad (T5's relative position bias, ALiBi, a learned bias) gets
+    # d(scores): the mask is added to the scaled scores, so dmask = ds summed to its shape.
     q, k, v, mask = ctx.saved_tensors
+    if mask is not None and ctx.needs_input_grad[3:4] == (True,):  # trailing defaults: absent
+        dq, dk, dv, dmask = torch.ops.portable.attention_backward.mask_grad(
+            grad, q, k, v, mask, ctx.is_causal, ctx.scale
+        )
+        return dq, dk, dv, dmask, None, None
     dq, dk, dv = torch.ops.portable.attention_backward(
         grad, q, k, v, mask, ctx.is_causal, ctx.scale
     )

@@ -19,7 +19,7 @@ from collections.abc import Mapping
 
 import torch
 
-OPSET_VERSION = "1.1"
+OPSET_VERSION = "1.2"
 
 # dtype classes
 FLOAT = "float"
@@ -362,13 +362,20 @@ _PORTABLE: tuple[OpDef, ...] = (
         "portable.attention.default",
         FLOAT,
         "same",
-        "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads repeat for GQA",
+        "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads "
+        "repeat for GQA; laid out as SDPA lays it out on CPU",
     ),
     _e(
         "portable.attention_backward.default",
         FLOAT,
         "tuple",
         "(dq, dk, dv) of attention, recomputing the probabilities",
+    ),
+    _e(
+        "portable.attention_backward.mask_grad",
+        FLOAT,
+        "tuple",
+        "(dq, dk, dv, dmask) of attention with a trainable float mask; dmask summed to its shape",
     ),
     _e(
         "portable.scale_mask_softmax.default",

@@ -44,6 +44,7 @@ import triton
 import triton.language as tl
 
 from portable.errors import BackendError
+from portable.opset.nn_ops import with_attention_layout
 
 from . import launch
 from ._layout import broadcast_strides, contiguous_strides, int_type, merge_dims, next_pow2
@@ -349,11 +350,14 @@ def attention(
     block_m: int | None = None,
     block_n: int | None = None,
 ) -> torch.Tensor:
-    """softmax(q @ k^T * scale + mask) @ v, returned contiguous in q's dtype on q's device, of
-    shape [..., Hq, Lq, Dv]. CPU tensors run in Triton's interpreter, which needs
-    TRITON_INTERPRET=1 set before triton is imported (see `launch.run`)."""
+    """softmax(q @ k^T * scale + mask) @ v in q's dtype on q's device, of shape
+    [..., Hq, Lq, Dv] and in `portable::attention`'s output layout (`attention_strides`: the
+    kernel writes a contiguous result, copied when that layout differs). CPU tensors run in
+    Triton's interpreter, which needs TRITON_INTERPRET=1 set before triton is imported (see
+    `launch.run`)."""
     lay = _layout(q, k, v, mask)
     plans = _plan(q, mask, is_causal, lay, block_m, block_n)
+    layout_of = (q, k, v, mask, is_causal, scale)
     q, k, v = q.contiguous(), k.contiguous(), v.contiguous()
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if mask is not None:
@@ -369,4 +373,4 @@ def attention(
         _check_interpreter_bf16_dot()
     for plan in plans:
         launch.run(plan, q, k, v, out, m, scale, *_runtime_ints(lay))
-    return out
+    return with_attention_layout(out, *layout_of)

@@ -203,9 +203,11 @@ def attention_blockwise(q, k, v, mask=None, is_causal=False, scale=None, block=B
 
 
 def attention_blockwise_backward(
-    grad, q, k, v, mask=None, is_causal=False, scale=None, block=BLOCK
+    grad, q, k, v, mask=None, is_causal=False, scale=None, block=BLOCK, mask_grad=False
 ):
-    """(dq, dk, dv) of attention, blockwise: the forward is recomputed for (out, lse)."""
+    """(dq, dk, dv) of attention, blockwise: the forward is recomputed for (out, lse). With
+    `mask_grad` (a float mask that requires grad) also dmask, the score gradient ds summed to
+    the mask's shape tile by tile: (dq, dk, dv, dmask)."""
     pb = _Problem(q, k, v, mask, is_causal, scale)
     c = pb.compute
     out, lse = _forward(pb, block)
@@ -213,13 +215,14 @@ def attention_blockwise_backward(
     delta = jnp.sum(do * out, axis=-1)  # rowsum(do * out) = rowsum(p * (do @ v^T))
     lse = jnp.where(jnp.isneginf(lse), jnp.zeros_like(lse), lse)  # masked rows: p = exp(-inf) = 0
     sc = jnp.asarray(pb.scale, c)
+    dmask = _MaskGrad(mask, c) if mask_grad else None
 
     def k_block(k0, nk, carry):
-        dq, dk, dv = carry
+        dq, dk, dv, dm = carry
         kb, vb = pb.rows(pb.k, k0, nk), pb.rows(pb.v, k0, nk)
 
         def q_block(q0, nq, state):
-            dq, dkb, dvb = state
+            dq, dkb, dvb, dm = state
             qb, dob = pb.rows(pb.q, q0, nq), pb.rows(do, q0, nq)
             s = pb.scores(qb, q0, nq, kb, k0, nk)
             p = jnp.exp(s - _take(lse, lse.ndim - 1, q0, nq)[..., None])
@@ -228,15 +231,50 @@ def attention_blockwise_backward(
             ds = p * (dp - _take(delta, delta.ndim - 1, q0, nq)[..., None])
             dqb = pb.rows(dq, q0, nq) + _einsum("...qk,...kd->...qd", ds, kb, c) * sc
             dkb = dkb + _einsum("...qk,...qd->...kd", ds, qb, c) * sc
-            return _put(dq, dqb, dq.ndim - 2, q0), dkb, dvb
+            if dmask is not None:
+                dm = dmask.add(dm, ds, q0, k0)
+            return _put(dq, dqb, dq.ndim - 2, q0), dkb, dvb, dm
 
-        init = (dq, jnp.zeros_like(kb), jnp.zeros_like(vb))
-        dq, dkb, dvb = _sweep(pb.lq, block, q_block, init)
-        return dq, _put(dk, dkb, dk.ndim - 2, k0), _put(dv, dvb, dv.ndim - 2, k0)
+        init = (dq, jnp.zeros_like(kb), jnp.zeros_like(vb), dm)
+        dq, dkb, dvb, dm = _sweep(pb.lq, block, q_block, init)
+        return dq, _put(dk, dkb, dk.ndim - 2, k0), _put(dv, dvb, dv.ndim - 2, k0), dm
 
-    init = (jnp.zeros_like(pb.q), jnp.zeros_like(pb.k), jnp.zeros_like(pb.v))
-    dq, dk, dv = _sweep(pb.lk, block, k_block, init)
-    return dq, _sum_groups(dk, k), _sum_groups(dv, v)
+    dm0 = dmask.zeros() if dmask is not None else jnp.zeros((), c)
+    init = (jnp.zeros_like(pb.q), jnp.zeros_like(pb.k), jnp.zeros_like(pb.v), dm0)
+    dq, dk, dv, dm = _sweep(pb.lk, block, k_block, init)
+    grads = (dq, _sum_groups(dk, k), _sum_groups(dv, v))
+    return (*grads, dm) if dmask is not None else grads
+
+
+class _MaskGrad:
+    """Accumulates dmask: each [..., nq, nk] tile of ds (the score gradient; the mask is added
+    to the scores) summed over the dims the mask broadcasts along, added at the tile's place."""
+
+    def __init__(self, mask, compute):
+        self.shape, self.compute = tuple(mask.shape), compute
+
+    def zeros(self):
+        return jnp.zeros(self.shape, self.compute)
+
+    def add(self, dm, ds, q0, k0):
+        """dm plus the contribution of ds, the [..., nq, nk] score-gradient tile at (q0, k0)."""
+        rank = len(self.shape)
+        tile = ds.sum(axis=tuple(range(ds.ndim - rank)))  # leading dims the mask lacks
+        tile = _sum_to(
+            tile, tuple(1 if m == 1 else n for m, n in zip(self.shape, tile.shape, strict=True))
+        )
+        starts = [np.int32(0)] * rank
+        for axis, start in ((rank - 1, k0), (rank - 2, q0)):
+            if axis >= 0 and self.shape[axis] != 1:
+                starts[axis] = start
+        here = lax.dynamic_slice(dm, starts, tile.shape)
+        return lax.dynamic_update_slice(dm, here + tile, starts)
+
+
+def _sum_to(x, shape):
+    """x summed (keeping dims) over the dims where `shape` is 1 and x is not."""
+    axes = tuple(d for d, (n, m) in enumerate(zip(x.shape, shape, strict=True)) if m == 1 != n)
+    return x.sum(axis=axes, keepdims=True) if axes else x
 
 
 # --------------------------------------------------------------------------- rules
@@ -259,3 +297,14 @@ def attention_backward(ctx, grad, q, k, v, mask=None, is_causal=False, scale=Non
         return tuple(g.astype(out_dtype(ctx, i)) for i, g in enumerate(grads))
     _, vjp = jax.vjp(lambda q, k, v: attention(q, k, v, mask, is_causal, scale), q, k, v)
     return vjp(grad.astype(q.dtype))
+
+
+@RULES.register("portable.attention_backward.mask_grad")
+def attention_backward_mask_grad(ctx, grad, q, k, v, mask, is_causal=False, scale=None):
+    """(dq, dk, dv, dmask): dmask is the score gradient summed to the mask's shape."""
+    if _blockwise(k):
+        grads = attention_blockwise_backward(grad, q, k, v, mask, is_causal, scale, mask_grad=True)
+    else:
+        _, vjp = jax.vjp(lambda q, k, v, m: attention(q, k, v, m, is_causal, scale), q, k, v, mask)
+        grads = vjp(grad.astype(q.dtype))
+    return tuple(g.astype(out_dtype(ctx, i)) for i, g in enumerate(grads))

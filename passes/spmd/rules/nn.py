@@ -161,6 +161,20 @@ def attention_backward(ctx, node):
     return Decision(inputs, (s, s, s))
 
 
+@rule(portable_ops.attention_backward.mask_grad)
+def attention_backward_mask_grad(ctx, node):
+    """As attention_backward; dmask is split like the mask, and a partial sum over the axes
+    that split dims the mask broadcasts along (its gradient is summed over them)."""
+    grad, q, k, v = node.args[:4]
+    s = _attention_sharding(ctx, q, k)
+    key = 4 if len(node.args) > 4 else "mask"
+    mask = node.args[4] if key == 4 else node.kwargs["mask"]
+    ms = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
+    partial = tuple(sorted((a, "sum") for a in set(s.axes()) - set(ms.axes())))
+    dmask = Sharding(ms.dims, partial)
+    return Decision({0: s, 1: s, 2: s, 3: s, key: ms}, (s, s, s, dmask))
+
+
 @rule(aten.embedding.default)
 def embedding(ctx, node):
     """A table split on the vocabulary over one axis is looked up on the shard (the walker's

@@ -7,12 +7,16 @@ and same-shape expands (value-preserving, so the 3-D bmm operand is the 4-D tens
 
     # scores:  S = view(bmm(q ~> [B*H, Lq, D], kt ~> [B*H, D, Lk]), [B, H, Lq, Lk])
     #          kt = transpose(k, -2, -1) | permute(k', p)         (k = k^T^T)
+    #          (or S = S' ~> with views, unsqueezes and size-1 permutes that keep the element
+    #          order: einsum's spelling; element_order.py)
     # chain:   s = S | s * c | s / c | s + m | where(c, fill, s) | where(c, s, fill)
     #              | _to_copy(s) | clone(s)                          (walked from softmax back)
-    #          softmax(S * c + m) -- the mask after the scale; fill <= -1e30 (or -inf)
+    #          softmax(S * c + m) -- the mask after the scale; fill <= -1e30 (or -inf), a number,
+    #          a 0-d tensor or a program constant; s + m1 + m2 => mask m1 + m2 (T5)
     # probs:   P = _softmax(s, -1) ~> _to_copy / clone (dropout p=0) ~> P3 [B*H, Lq, Lk]
     # output:  O = view(bmm(P3, v ~> [B*H, Lk, D]), [B, H, Lq, D])
     #          => O = attention(q, k, v, mask, scale=c)
+    #          (an operand with no [B, H, L, D] value in the graph: reshape(x3, [B, H, L, D]))
     # GQA:     k = _unsafe_view(clone(expand(unsqueeze(kv, 2), [B, Hkv, n, L, D])), [B, H, L, D])
     #          (repeat_kv / repeat_interleave) => attention(q, kv, ...) (heads repeat inside)
     # q scale: q = q' * c  => attention(q', ..., scale=scale * c)
@@ -24,6 +28,9 @@ In a training step the backward of that chain is matched from the forward's save
     # dS  = _softmax_backward_data(dP ~> , P) ~> where(c, 0, .) / * c / casts ~> dS3
     # dQ3 = bmm(dS3, transpose(Kt3, 1, 2))     dKt3 = bmm(transpose(Q3, 1, 2), dS3)
     #          => (dq, dk, dv) = attention_backward(dO, q, k, v, mask, scale=c)
+    # trained additive mask: dS (before the scale is undone) also feeds the mask's gradient
+    #          => (dq, dk, dv, dS) = attention_backward.mask_grad(dO, q, k, v,
+    #                                   expand(mask, [B, H, Lq, Lk]), scale=c)
 """
 
 from __future__ import annotations
@@ -31,12 +38,23 @@ from __future__ import annotations
 import dataclasses
 import math
 import typing
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from torch.fx import Node
 
-__all__ = ["Attention", "Backward", "Miss", "ScaleMask", "match_attention", "match_scale_mask"]
+from . import element_order
+
+__all__ = [
+    "Attention",
+    "Backward",
+    "Flat",
+    "Miss",
+    "ScaleMask",
+    "match_attention",
+    "match_scale_mask",
+]
 
 aten = torch.ops.aten
 
@@ -51,6 +69,7 @@ SOFTMAX = aten._softmax.default
 SOFTMAX_BACKWARD = aten._softmax_backward_data.default
 BMM = aten.bmm.default
 CONSTANTS = frozenset({aten.scalar_tensor.default, aten.full.default})
+_COPIES = frozenset({aten.clone.default, aten.alias.default})
 # a fill at or below this is a mask: exp(fill - max) is 0 in every float format
 MASK_FILL = -1e30
 
@@ -74,6 +93,13 @@ class ScaleMask:
     negate: bool = False
     chain: list[Node] = dataclasses.field(default_factory=list)
     tags: list[str] = dataclasses.field(default_factory=list)
+    more_masks: list[Node] = dataclasses.field(default_factory=list)  # added before `mask`
+    stopped: str | None = None  # why the walk stopped at `x`, when that is worth saying
+
+    @property
+    def masks(self) -> list[Node]:
+        """Every additive mask, in the order the graph adds them (their sum is the mask)."""
+        return [*reversed(self.more_masks), *([self.mask] if self.mask is not None else [])]
 
 
 @dataclasses.dataclass
@@ -85,15 +111,26 @@ class Backward:
     dq3: Node
     dkt3: Node
     dv3: Node
+    # the score gradient d(q @ k^T * c + m) that a trainable mask's gradient also reads
+    d_scores: Node | None = None
+
+
+@dataclasses.dataclass(frozen=True)
+class Flat:
+    """reshape(node, shape): a [B*H, L, D] bmm operand unflattened, where the graph holds no
+    [B, H, L, D] value of it (einsum's spellings); the rewrite creates the reshape."""
+
+    node: Node
+    shape: tuple[Any, ...]
 
 
 @dataclasses.dataclass
 class Attention:
     softmax: Node
     out3: Node  # the output bmm, [B*H, Lq, D]
-    q: Node
-    k: Node
-    v: Node
+    q: Node | Flat
+    k: Node | Flat
+    v: Node | Flat
     k_perm: list[int] | None  # k = permute(kt's source, k_perm) when kt is not transpose(k)
     scale: float
     mask: Node | None
@@ -102,6 +139,11 @@ class Attention:
     tags: list[str]
     backward: Backward | None = None
     is_causal: bool = False
+    more_masks: list[Node] = dataclasses.field(default_factory=list)  # see ScaleMask
+
+    @property
+    def masks(self) -> list[Node]:
+        return [*reversed(self.more_masks), *([self.mask] if self.mask is not None else [])]
 
 
 # ---- small helpers -------------------------------------------------------------------------
@@ -121,10 +163,16 @@ def arg(node: Node, i: int) -> Node:
     return typing.cast(Node, node.args[i])
 
 
-def constant(value: Any) -> float | None:
-    """A Python number, or a 0-d `scalar_tensor(c)` / `full([], c)`: its value; else None."""
+def constant(value: Any, constants: Mapping[Node, float] | None = None) -> float | None:
+    """A Python number, a 0-d `scalar_tensor(c)` / `full([], c)`, or a program constant in
+    `constants` (a lifted `torch.tensor(c)`): its value; else None."""
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         return float(value)
+    source = value
+    while is_op(source, _COPIES):
+        source = typing.cast(Node, source).args[0]
+    if constants and isinstance(source, Node) and source in constants:
+        return constants[source]
     if is_op(value, CONSTANTS):
         node = typing.cast(Node, value)
         if node.target is aten.full.default and list(typing.cast(list, node.args[0])):
@@ -170,8 +218,11 @@ def _single_user(node: Node, nxt: Node) -> bool:
 # ---- scale and mask ------------------------------------------------------------------------
 
 
-def match_scale_mask(softmax: Node) -> ScaleMask | Miss:
-    """softmax(x * c + m): walk back from the softmax through masks, scales and casts."""
+def match_scale_mask(
+    softmax: Node, constants: Mapping[Node, float] | None = None
+) -> ScaleMask | Miss:
+    """softmax(x * c + m): walk back from the softmax through masks, scales and casts.
+    `constants`: the program's 0-d constants by placeholder (fills written as tensors)."""
     if softmax.args[2]:
         return Miss("softmax with half_to_float=True")
     found = ScaleMask(x=arg(softmax, 0))
@@ -183,34 +234,42 @@ def match_scale_mask(softmax: Node) -> ScaleMask | Miss:
         if dtype_only_cast(node) or is_op(node, aten.clone.default):
             if dtype_only_cast(node):
                 found.tags.append("fp32-softmax")
-        elif is_op(node, MUL | DIV) and constant(node.args[1]) is not None:
-            c = typing.cast(float, constant(node.args[1]))
+        elif is_op(node, MUL | DIV) and constant(node.args[1], constants) is not None:
+            c = typing.cast(float, constant(node.args[1], constants))
             found.scale *= c if node.target in MUL else 1.0 / c
             found.tags.append("scale-mul" if node.target in MUL else "scale-div")
             scaled = True
-        elif is_op(node, ADD) and found.mask is None and not _has_alpha(node):
+        elif is_op(node, ADD) and _additive_slot(found) and not _has_alpha(node):
             a, b = arg(node, 0), arg(node, 1)
             cont, mask = (b, a) if _scores_side(b) and not _scores_side(a) else (a, b)
             if not isinstance(mask, Node) or not isinstance(cont, Node):
                 break
             if scaled:
                 return Miss(f"%{node.name}: mask added before the scale ((s + m) * c)")
-            found.mask, found.negate = mask, False
+            if found.mask is None:
+                found.mask, found.negate = mask, False
+            else:  # s + m1 + m2 (T5: position bias, then the padding mask): mask m1 + m2
+                found.more_masks.append(mask)
             found.tags.append("additive-mask")
             found.chain.append(node)
             nxt, node = node, cont
             continue
-        elif is_op(node, WHERE) and found.mask is None:
+        elif is_op(node, ADD) and found.mask is not None and not _additive_slot(found):
+            return Miss(f"%{node.name}: an additive mask together with a bool mask")
+        elif is_op(node, WHERE):
             cond, a, b = arg(node, 0), node.args[1], node.args[2]
-            fill_a, fill_b = constant(a), constant(b)
+            fill_a, fill_b = constant(a, constants), constant(b, constants)
             if fill_a is not None and fill_a <= MASK_FILL and isinstance(b, Node):
                 mask, negate, cont = cond, True, b  # where(c, -inf, s): keep ~c
             elif fill_b is not None and fill_b <= MASK_FILL and isinstance(a, Node):
                 mask, negate, cont = cond, False, a  # where(c, s, -inf): keep c
             else:
+                found.stopped = _where_miss(node, fill_a, fill_b)
                 break
             if scaled:
                 return Miss(f"%{node.name}: mask applied before the scale")
+            if found.mask is not None:
+                return Miss(f"%{node.name}: a bool mask together with an additive mask")
             if is_op(mask, aten.bitwise_not.default) or is_op(mask, aten.logical_not.default):
                 mask, negate = arg(mask, 0), not negate
             found.mask, found.negate = mask, negate
@@ -224,6 +283,18 @@ def match_scale_mask(softmax: Node) -> ScaleMask | Miss:
         nxt, node = node, arg(node, 0)
     found.x = node
     return found
+
+
+def _where_miss(node: Node, fill_a: float | None, fill_b: float | None) -> str:
+    fills = [f for f in (fill_a, fill_b) if f is not None]
+    if not fills:
+        return f"%{node.name}: where(c, a, b) with no constant fill (a mask fills -inf)"
+    return f"%{node.name}: where fills {fills[0]:g}, not a mask fill (<= {MASK_FILL:g})"
+
+
+def _additive_slot(found: ScaleMask) -> bool:
+    """Whether another additive mask can join `found` (no bool mask found)."""
+    return "bool-mask" not in found.tags
 
 
 def _has_alpha(node: Node) -> bool:
@@ -246,45 +317,41 @@ def _scores_side(value: Any) -> bool:
 # ---- attention -----------------------------------------------------------------------------
 
 
-def match_attention(softmax: Node, training: bool) -> Attention | Miss:
+def match_attention(
+    softmax: Node, training: bool, constants: Mapping[Node, float] | None = None
+) -> Attention | Miss:
     """softmax(q @ k^T * c + m) @ v around `softmax` (see the module doc)."""
-    sm = match_scale_mask(softmax)
+    sm = match_scale_mask(softmax, constants)
     if isinstance(sm, Miss):
         return sm
     scores = sm.x
-    if not (is_op(scores, RESHAPES) and is_op(scores.args[0], BMM)):
-        return Miss(f"softmax input %{scores.name} is not a batched matmul q @ k^T")
     if len(shape(scores)) != 4:
         return Miss(f"scores %{scores.name} are {len(shape(scores))}-D, not [B, H, Lq, Lk]")
+    bmm_s = _scores_bmm(scores, sm)
+    if isinstance(bmm_s, Miss):
+        return bmm_s
     dim = typing.cast(int, softmax.args[1]) % 4
     if dim != 3:
         return Miss(f"softmax over dim {softmax.args[1]}, not the keys (dim -1)")
     b, h, lq, lk = shape(scores)
-    bmm_s = arg(scores, 0)
-    if not _single_user(bmm_s, scores):
-        return Miss(f"scores %{bmm_s.name} are used elsewhere too")
     q3, kt3 = arg(bmm_s, 0), arg(bmm_s, 1)
     d = shape(q3)[-1]
-    q = logical(q3, (b, h, lq, d))
+    q = _operand(q3, (b, h, lq, d))
     kt = logical(kt3, (b, h, d, lk))
-    if q is None or kt is None:
-        return Miss(f"bmm %{bmm_s.name} operands are not [B, H, L, D] tensors flattened")
-    k, k_perm = transpose_of(kt, 4), None
+    k, k_perm = (transpose_of(kt, 4), None) if kt is not None else (None, None)
     if k is None and is_op(kt, aten.permute.default):
-        perm = list(typing.cast(list, kt.args[1]))
+        perm = list(typing.cast(list, typing.cast(Node, kt).args[1]))
         k_perm = perm[:2] + [perm[3], perm[2]]
-        k = arg(kt, 0)
-    if k is None:
-        return Miss(f"%{kt.name} ({kt.target}) is not k transposed (k^T)")
+        k = arg(typing.cast(Node, kt), 0)
+    if k is None:  # k^T computed some other way (einsum): k = permute(k^T, [0, 1, 3, 2])
+        k, k_perm = (kt if kt is not None else Flat(kt3, (b, h, d, lk))), [0, 1, 3, 2]
     probs = _probs(softmax, training)
     if isinstance(probs, Miss):
         return probs
     p3, out3, tags = probs
     v3 = arg(out3, 1)
     dv = shape(v3)[-1]
-    v = logical(v3, (b, h, lk, dv))
-    if v is None:
-        return Miss(f"bmm %{out3.name} value operand is not a [B, H, Lk, D] tensor flattened")
+    v = _operand(v3, (b, h, lk, dv))
     found = Attention(
         softmax,
         out3,
@@ -297,8 +364,9 @@ def match_attention(softmax: Node, training: bool) -> Attention | Miss:
         sm.negate,
         (b, h, lq, dv),
         sm.tags + tags,
+        more_masks=list(sm.more_masks),
     )
-    if sm.mask is not None and not sm.negate and _causal(sm.mask, lq, lk):
+    if sm.mask is not None and not sm.more_masks and not sm.negate and _causal(sm.mask, lq, lk):
         found.mask, found.is_causal = None, True  # tril(ones(Lq, Lk)) keeps j <= i: causal
         found.tags.append("causal-tril")
     sbd = [u for u in softmax.users if is_op(u, SOFTMAX_BACKWARD)]
@@ -310,6 +378,27 @@ def match_attention(softmax: Node, training: bool) -> Attention | Miss:
     elif training is False:
         _peel_inference(found)
     return found
+
+
+def _scores_bmm(scores: Node, sm: ScaleMask) -> Node | Miss:
+    """The bmm whose [B*H, Lq, Lk] result `scores` is, unflattened (through views, unsqueezes
+    and permutes of size-1 dims that keep the element order: einsum's spelling)."""
+    chain = element_order.layout_chain(scores, lambda n: is_op(n, BMM))
+    if isinstance(chain, str):
+        why = sm.stopped or f"it reaches {chain}"
+        return Miss(f"softmax input %{scores.name} is not a batched matmul q @ k^T: {why}")
+    if len(chain) == 1:
+        return Miss(f"softmax input %{scores.name} is the 3-D bmm itself, not [B, H, Lq, Lk]")
+    if not element_order.keeps_order(chain):
+        return Miss(f"scores %{scores.name} reorder the elements of bmm %{chain[0].name}")
+    return chain[0]
+
+
+def _operand(x3: Node, want: tuple[Any, ...]) -> Node | Flat:
+    """The [B, H, L, D] value that bmm operand `x3` flattens: a node of the graph when there is
+    one (see `logical`), else reshape(x3, want), created by the rewrite."""
+    found = logical(x3, want)
+    return found if found is not None else Flat(x3, want)
 
 
 def _causal(mask: Node, lq: int, lk: int) -> bool:
@@ -325,17 +414,21 @@ def _causal(mask: Node, lq: int, lk: int) -> bool:
 
 
 def _probs(softmax: Node, training: bool) -> tuple[Node, Node, list[str]] | Miss:
-    """(P3, the output bmm, tags): softmax ~> P3 with bmm(P3, v3) among P3's users."""
-    node, tags = softmax, []
-    for _ in range(8):
+    """(P3, the output bmm, tags): softmax ~> P3 with bmm(P3, v3) among P3's users; `~>` here
+    also passes permutes of size-1 dims and unsqueezes that keep the element order."""
+    node, tags, chain = softmax, [], [softmax]
+    for _ in range(12):
         forward = [u for u in node.users if not is_op(u, SOFTMAX_BACKWARD)]
         out = [u for u in forward if is_op(u, BMM) and u.args[0] is node]
         if out and len(shape(node)) == 3:
             others = [u for u in forward if u is not out[0] and not _bwd_transpose(u)]
             if others or len(out) != 1:
                 return Miss(f"probabilities %{node.name} are used elsewhere too")
+            if not element_order.keeps_order(chain):
+                return Miss(f"bmm operand %{node.name} reorders the probabilities")
             return node, out[0], tags
-        if len(forward) != 1 or not (is_op(forward[0], THROUGH) or dtype_only_cast(forward[0])):
+        layout = is_op(forward[0], element_order.LAYOUT_OPS) if len(forward) == 1 else False
+        if not (layout or len(forward) == 1 and dtype_only_cast(forward[0])):
             names = ", ".join(f"%{u.name}" for u in forward) or "nothing"
             return Miss(f"probabilities %{node.name} go to {names}, not a matmul with v")
         if node is not softmax and len(node.users) != 1:
@@ -346,6 +439,7 @@ def _probs(softmax: Node, training: bool) -> tuple[Node, Node, list[str]] | Miss
         elif dtype_only_cast(nxt):
             tags.append("fp32-softmax")
         node = nxt
+        chain.append(node)
     return Miss(f"no matmul with v after %{softmax.name}")
 
 
@@ -419,17 +513,56 @@ def _backward(
     if dkt3 is None or dq3 is None or dkt3.args[1] is not dq3.args[0]:
         return Miss("no dQ / dK bmm's sharing one score gradient in the backward")
     ds3 = arg(dq3, 0)
-    node = grad_in
-    for _ in range(10):  # sbd ~> where(c, 0, .) / * c / casts ~> dS3
+    return _score_gradient(grad_in, ds3, sm, Backward(d_out3, dq3, dkt3, dv3))
+
+
+_SCORE_GRAD_STEPS = 10
+
+
+def _score_gradient(grad_in: Node, ds3: Node, sm: ScaleMask, found: Backward) -> Backward | Miss:
+    """Walk sbd ~> where(c, 0, .) / * c / casts ~> dS3. A trainable additive mask reads the
+    score gradient where it branches off, before the scale is undone: `found.d_scores`."""
+    node, undone = grad_in, False
+    for _ in range(_SCORE_GRAD_STEPS):
         if node is ds3:
-            return Backward(d_out3, dq3, dkt3, dv3)
-        if len(node.users) != 1:
-            return Miss(f"score gradient %{node.name} is used elsewhere too (a mask gradient?)")
-        node = next(iter(node.users))
-        ok = is_op(node, THROUGH) or dtype_only_cast(node) or is_op(node, MUL | DIV | WHERE)
-        if not ok:
-            return Miss(f"score gradient goes through %{node.name} ({node.target})")
+            return found
+        path = [u for u in node.users if _leads_to(u, ds3)]
+        if len(path) != 1:
+            (user, *_) = node.users
+            if len(node.users) == 1:
+                return Miss(f"score gradient goes through %{user.name} ({user.target})")
+            return Miss(f"score gradient %{node.name} does not reach the dQ / dK bmm's once")
+        if len(node.users) > 1:
+            why = _mask_gradient_miss(node, sm, undone, found)
+            if why:
+                return Miss(why)
+            found.d_scores = node
+        node = path[0]
+        undone = undone or is_op(node, MUL | DIV | WHERE)
     return Miss("score gradient does not reach the dQ / dK bmm's")
+
+
+def _leads_to(node: Node, ds3: Node) -> bool:
+    for _ in range(_SCORE_GRAD_STEPS):
+        if node is ds3:
+            return True
+        ok = is_op(node, THROUGH) or dtype_only_cast(node) or is_op(node, MUL | DIV | WHERE)
+        if not ok or len(node.users) != 1:
+            return False
+        node = next(iter(node.users))
+    return False
+
+
+def _mask_gradient_miss(node: Node, sm: ScaleMask, undone: bool, found: Backward) -> str | None:
+    """Why the other users of score gradient `node` are not a mask's gradient we can give."""
+    if found.d_scores is not None or undone or not sm.masks or "bool-mask" in sm.tags:
+        return f"score gradient %{node.name} is used elsewhere too (not an additive mask's)"
+    spec = node.meta["tensor"]
+    dtypes = {m.meta["tensor"].dtype for m in sm.masks}
+    if tuple(spec.shape) != shape(sm.x) or dtypes != {spec.dtype}:
+        names = ", ".join(str(d) for d in sorted(dtypes, key=str))
+        return f"score gradient %{node.name} is {spec.dtype}, the masks {names}"
+    return None
 
 
 def _bwd_bmm(saved: Node, lhs: bool) -> Node | None:

@@ -8,6 +8,7 @@ The patterns (matchers in `attention_patterns.py`, whose docstring has the full 
     # ... with k, v repeated per kv head (GQA)      -> attention(q, kv, vv, ...)  (inference)
     # backward of the above (training step):
     #   dV, dQ, dK^T bmm's around _softmax_backward_data -> attention_backward(dO, q, k, v, ...)
+    #   ... and a trained mask's gradient                -> attention_backward.mask_grad(...)
     # softmax(x * c + m), not attention             -> scale_mask_softmax(x, m, c)
 
 In a training step the forward and its backward are replaced together, so the L x L
@@ -16,7 +17,8 @@ An existing `portable::attention` (from `F.scaled_dot_product_attention`) is cou
 `already-fused`. Counts: `attention`, `attention-backward`, `scale-mask-softmax`,
 `already-fused`, the sub-patterns each match used (`scale-mul`, `scale-div`, `scale-on-q`,
 `additive-mask`, `bool-mask`, `causal-tril`, `gqa-repeat`, `fp32-softmax`, `dropout-identity`) and
-`near-miss` (softmaxes left as they are). `verbose=true` adds a note per near miss saying why.
+`near-miss` (softmaxes left as they are). `verbose=true` adds a note per softmax that is not
+attention saying which condition failed (also when it became a scale_mask_softmax).
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
 from portable.ir.program import Program, ProgramKind
-from portable.ir.signature import TensorSpec
+from portable.ir.signature import InputKind, TensorSpec
 from portable.opset import op_name
 
 from . import attention_patterns as ap
@@ -66,6 +68,7 @@ class SoftmaxFusion(Pass):
         training = program.kind is ProgramKind.TRAINING_STEP
         out = program.replace()
         graph = out.graph
+        constants = _scalar_constants(out)
         notes: list[str] = []
         changed = False
         for node in list(graph.nodes):
@@ -73,7 +76,7 @@ class SoftmaxFusion(Pass):
                 continue
             why = "attention fusion disabled (attention=false)"
             if self.attention:
-                found = ap.match_attention(node, training)
+                found = ap.match_attention(node, training, constants)
                 if isinstance(found, ap.Attention):
                     _rewrite_attention(graph, found)
                     counts["attention"] += 1
@@ -82,12 +85,15 @@ class SoftmaxFusion(Pass):
                     changed = True
                     continue
                 why = found.why
-            if self.softmax and _rewrite_scale_mask(graph, node, counts):
+            where = f"softmax %{node.name} ({_where(node)})"
+            if self.softmax and _rewrite_scale_mask(graph, node, counts, constants):
                 changed = True
+                if self.verbose and self.attention:
+                    notes.append(f"{where} fused as scale_mask_softmax, not attention: {why}")
                 continue
             counts["near-miss"] += 1
             if self.verbose:
-                notes.append(f"softmax %{node.name} ({_where(node)}) not fused: {why}")
+                notes.append(f"{where} not fused: {why}")
         counts = Counter({k: v for k, v in counts.items() if v or k in _ALWAYS})
         if not changed:
             return PassResult(program, self.report(False, dict(counts), notes))
@@ -97,6 +103,18 @@ class SoftmaxFusion(Pass):
 
 
 _ALWAYS = ("attention", "attention-backward", "scale-mask-softmax", "already-fused")
+
+
+def _scalar_constants(program: Program) -> dict[Node, float]:
+    """The program's one-element constant inputs (a lifted `torch.tensor(-inf)` fill) by
+    placeholder, with their values."""
+    placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
+    found = {}
+    for node, spec in zip(placeholders, program.signature.inputs, strict=True):
+        value = program.weights.get(spec.target) if spec.kind is InputKind.CONSTANT else None
+        if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
+            found[node] = float(value.item())
+    return found
 
 
 def _where(node: Node) -> str:
@@ -112,35 +130,76 @@ def _rewrite_attention(graph: torch.fx.Graph, m: ap.Attention) -> None:
     # (dV, dQ, dK^T) -> attention_backward(dO, q, k, v, m, scale=c)
     like = m.softmax
     with graph.inserting_before(m.out3):
-        k = m.k
+        k = _operand(graph, m.k, like)
         if m.k_perm is not None:
             k = _new(graph, aten.permute.default, (k, m.k_perm), like)
-        mask = m.mask
-        if mask is not None and m.negate:
-            mask = _new(graph, aten.bitwise_not.default, (mask,), like)
-        args = (m.q, k, m.v, mask, m.is_causal, m.scale)
-        att = _new(graph, portable.attention.default, args, like)
+        mask = _mask(graph, m.masks, m.negate, like)
+        q, v = _operand(graph, m.q, like), _operand(graph, m.v, like)
+        args = (q, k, v, mask, m.is_causal, m.scale)
+        att = _row_major(graph, _new(graph, portable.attention.default, args, like), like)
     dead = [m.out3]
     _replace_batched(graph, m.out3, att, like)
     if m.backward is not None:
-        bw = m.backward
-        order = {n: i for i, n in enumerate(graph.nodes)}
-        first = min((bw.dq3, bw.dkt3, bw.dv3), key=order.__getitem__)
-        with graph.inserting_before(first):
-            d_out = ap.logical(bw.d_out3, m.out_shape)
-            if d_out is None:
-                d_out = _new(graph, aten.reshape.default, (bw.d_out3, list(m.out_shape)), like)
-            grads = _new(graph, portable.attention_backward.default, (d_out, *args), like)
-            dq, dk, dv = (_new(graph, operator.getitem, (grads, i), like) for i in range(3))
-            # dK^T in the bmm's (contiguous) layout: the graph's views of it need that layout
-            dkt = _new(graph, aten.transpose.int, (dk, -2, -1), like)
-            dkt = _new(graph, aten.clone.default, (dkt,), like, _CONTIGUOUS)
-        _replace_batched(graph, bw.dq3, dq, like)
-        _replace_batched(graph, bw.dv3, dv, like)
-        _replace_batched(graph, bw.dkt3, dkt, like)
-        dead += [bw.dq3, bw.dv3, bw.dkt3, dkt]
+        dead += _rewrite_backward(graph, m, args, like)
     for node in dead:
         _erase_dead(node)
+
+
+def _rewrite_backward(graph: torch.fx.Graph, m: ap.Attention, args: tuple, like: Node) -> list:
+    # the backward's bmm's (dV, dQ, dK^T) -> attention_backward(dO, q, k, v, m, scale=c); with a
+    # trainable mask, attention_backward.mask_grad(dO, q, k, v, expand(m, [B, H, Lq, Lk]), ...)
+    # whose dmask is the score gradient the mask's own gradient reads
+    bw = typing.cast(ap.Backward, m.backward)
+    order = {n: i for i, n in enumerate(graph.nodes)}
+    readers = list(bw.d_scores.users) if bw.d_scores is not None else []
+    first = min((bw.dq3, bw.dkt3, bw.dv3, *readers), key=order.__getitem__)
+    with graph.inserting_before(first):
+        d_out = ap.logical(bw.d_out3, m.out_shape)
+        if d_out is None:
+            d_out = _new(graph, aten.reshape.default, (bw.d_out3, list(m.out_shape)), like)
+        if bw.d_scores is None:
+            grads = _new(graph, portable.attention_backward.default, (d_out, *args), like)
+        else:
+            full = [*m.out_shape[:3], ap.shape(m.softmax)[-1]]
+            mask = _new(graph, aten.expand.default, (args[3], full), like)
+            args = (*args[:3], mask, *args[4:])
+            grads = _new(graph, portable.attention_backward.mask_grad, (d_out, *args), like)
+        dq, dk, dv = (_new(graph, operator.getitem, (grads, i), like) for i in range(3))
+        # dK^T in the bmm's (contiguous) layout: the graph's views of it need that layout
+        dkt = _new(graph, aten.transpose.int, (dk, -2, -1), like)
+        dkt = _new(graph, aten.clone.default, (dkt,), like, _CONTIGUOUS)
+        if bw.d_scores is not None:
+            bw.d_scores.replace_all_uses_with(_new(graph, operator.getitem, (grads, 3), like))
+    _replace_batched(graph, bw.dq3, dq, like)
+    _replace_batched(graph, bw.dv3, dv, like)
+    _replace_batched(graph, bw.dkt3, dkt, like)
+    return [bw.dq3, bw.dv3, bw.dkt3, dkt, bw.d_scores]
+
+
+def _operand(graph: torch.fx.Graph, x: Node | ap.Flat, like: Node) -> Node:
+    # Flat(x3, [B, H, L, D]) -> reshape(x3, [B, H, L, D])
+    if isinstance(x, Node):
+        return x
+    return _new(graph, aten.reshape.default, (x.node, list(x.shape)), like)
+
+
+def _mask(graph: torch.fx.Graph, masks: list[Node], negate: bool, like: Node) -> Node | None:
+    # [m1, m2, ...] (additive, in the order added) -> m1 + m2 + ... ;  ~b when negated
+    if not masks:
+        return None
+    mask = masks[0]
+    for more in masks[1:]:
+        mask = _new(graph, aten.add.Tensor, (mask, more), like)
+    return _new(graph, aten.bitwise_not.default, (mask,), like) if negate else mask
+
+
+def _row_major(graph: torch.fx.Graph, att: Node, like: Node) -> Node:
+    """`att` in the row-major layout of the bmm it replaces, which later views may rely on
+    (attention's own layout follows q's when SDPA would take its fused kernel)."""
+    val = att.meta["val"]
+    if val.is_contiguous():
+        return att
+    return _new(graph, aten.clone.default, (att,), like, _CONTIGUOUS)
 
 
 def _replace_batched(graph: torch.fx.Graph, old3: Node, new: Node, like: Node) -> None:
@@ -159,27 +218,27 @@ def _replace_batched(graph: torch.fx.Graph, old3: Node, new: Node, like: Node) -
 # ---- scale-mask-softmax --------------------------------------------------------------------
 
 
-def _rewrite_scale_mask(graph: torch.fx.Graph, softmax: Node, counts: Counter[str]) -> bool:
+def _rewrite_scale_mask(
+    graph: torch.fx.Graph, softmax: Node, counts: Counter[str], constants: dict[Node, float]
+) -> bool:
     # softmax(x * c + m, dim) -> scale_mask_softmax(x, m, c, dim)   (m after the scale)
-    sm = ap.match_scale_mask(softmax)
+    sm = ap.match_scale_mask(softmax, constants)
     if isinstance(sm, ap.Miss) or (sm.mask is None and sm.scale == 1.0):
         return False
     if not ap.is_finite_scale(sm.scale):
         return False
     x_shape = ap.shape(sm.x)
-    if sm.mask is not None:
+    if sm.masks:
         try:
-            fits = torch.broadcast_shapes(x_shape, ap.shape(sm.mask)) == x_shape
-        except RuntimeError:
+            fits = torch.broadcast_shapes(x_shape, *(ap.shape(m) for m in sm.masks)) == x_shape
+        except (RuntimeError, TypeError):  # TypeError: symbolic dims, not decided here
             fits = False
         if not fits:
             return False
     if ap.shape(softmax) != x_shape or softmax.meta["tensor"].dtype != sm.x.meta["tensor"].dtype:
         return False
     with graph.inserting_before(softmax):
-        mask = sm.mask
-        if mask is not None and sm.negate:
-            mask = _new(graph, aten.bitwise_not.default, (mask,), softmax)
+        mask = _mask(graph, sm.masks, sm.negate, softmax)
         dim = typing.cast(int, softmax.args[1])
         fused = _new(
             graph, portable.scale_mask_softmax.default, (sm.x, mask, sm.scale, dim), softmax

@@ -12,6 +12,8 @@ That slice is compared within 1e-4.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
 import portable
@@ -40,23 +42,24 @@ def tp_rules(stem: str) -> list:
     raise KeyError(stem)
 
 
-def plan_for(stem: str, name: str) -> Plan:
+def plan_for(stem: str, name: str, rules: Callable[[str], list] = tp_rules) -> Plan:
+    """Plan `name` for model `stem`, its tensor-parallel rules from `rules(stem)`."""
     if name == "dp":
         return Plan(Mesh({"dp": 2}), batch_axes=("dp",))
     if name == "tp":
-        return Plan(Mesh({"tp": 2}), rules=tp_rules(stem))
+        return Plan(Mesh({"tp": 2}), rules=rules(stem))
     if name == "dp_tp":
-        return Plan(Mesh({"dp": 2, "tp": 2}), rules=tp_rules(stem), batch_axes=("dp",))
+        return Plan(Mesh({"dp": 2, "tp": 2}), rules=rules(stem), batch_axes=("dp",))
     if name == "fsdp":
         return Plan(Mesh({"dp": 2}), batch_axes=("dp",), fsdp_axis="dp")
     if name == "dp_tp_vocab":  # + the embedding table split on the vocabulary (tied in GPT)
         table = "wte" if stem == "gpt" else "embed"
-        rules = tp_rules(stem) + par.vocab_parallel(table)
-        return Plan(Mesh({"dp": 2, "tp": 2}), rules=rules, batch_axes=("dp",))
+        vocab = rules(stem) + par.vocab_parallel(table)
+        return Plan(Mesh({"dp": 2, "tp": 2}), rules=vocab, batch_axes=("dp",))
     if name == "dp_tp_sp":  # + sequence parallelism over tp
         return Plan(
             Mesh({"dp": 2, "tp": 2}),
-            rules=tp_rules(stem),
+            rules=rules(stem),
             batch_axes=("dp",),
             sequence_parallel="tp",
         )
@@ -171,13 +174,7 @@ def hf_tp_rules(name: str) -> list:
 
 
 def hf_plan_for(name: str, plan: str) -> Plan:
-    if plan == "dp":
-        return Plan(Mesh({"dp": 2}), batch_axes=("dp",))
-    if plan == "tp":
-        return Plan(Mesh({"tp": 2}), rules=hf_tp_rules(name))
-    if plan == "dp_tp":
-        return Plan(Mesh({"dp": 2, "tp": 2}), rules=hf_tp_rules(name), batch_axes=("dp",))
-    raise KeyError(plan)
+    return plan_for(name, plan, hf_tp_rules)
 
 
 def hf_lm_loss(model, idx, targets):
@@ -191,3 +188,24 @@ def hf_training_program(model: torch.nn.Module, seed: int = 1):
     program = portable.capture(model, batch, loss_fn=hf_lm_loss, optimizer=HF_OPTIMIZER)
     state = [program.weights[i.target] for i in program.signature.state_inputs]
     return program, [*state, *batch]
+
+
+def run_on_gloo(program: Program, flat: list[torch.Tensor], per_rank: Program, tmp_path) -> tuple:
+    """(losses per step, final state as `<weight>.updated` outputs) of `per_rank` trained STEPS
+    steps on mesh-size gloo processes (`portable.distributed.launch`) from `program`'s global
+    inputs `flat`; every rank must hold the same loss."""
+    import safetensors.torch
+
+    from portable.distributed.launch import launch, prepare
+
+    sig = program.signature
+    users = {u.name: v for u, v in zip(sig.inputs, flat, strict=True) if u in sig.user_inputs}
+    world = per_rank.plan.mesh.size
+    results = launch(
+        prepare(per_rank, users, tmp_path / "run", steps=STEPS), world, tmp_path / "out"
+    )
+    assert results["world_size"] == world and results["steps"] == STEPS
+    assert results["loss_spread"] == 0.0  # every rank holds the same (replicated) loss
+    state = safetensors.torch.load_file(tmp_path / "out" / "state.safetensors")
+    losses = [torch.tensor(v) for v in results["losses"]]
+    return losses, {f"{key}.updated": value for key, value in state.items()}

@@ -305,24 +305,13 @@ ACCEPTANCE = [(m, p) for m in ("gpt", "llama") for p in PLAN_NAMES] if FULL else
 @pytest.mark.slow
 @pytest.mark.parametrize(("stem", "plan"), ACCEPTANCE)
 def test_partitioned_training_matches_one_device(tmp_path, example_spec, stem, plan):
-    import safetensors.torch
-
-    from portable.distributed.launch import launch, prepare
     from portable.passes.spmd_partition import partition
-    from tests.spmd_cases import assert_matches, plan_for
+    from tests.spmd_cases import assert_matches, plan_for, run_on_gloo
 
     program, flat, want = _reference(example_spec, stem)
-    plan_ = plan_for(stem, plan)
-    per_rank, _ = partition(program.replace(plan=plan_))
-    sig = program.signature
-    users = {u.name: v for u, v in zip(sig.inputs, flat, strict=True) if u in sig.user_inputs}
-    run_dir = prepare(per_rank, users, tmp_path / "run", steps=STEPS)
-    results = launch(run_dir, plan_.mesh.size, tmp_path / "out")
-    assert results["world_size"] == plan_.mesh.size and results["steps"] == STEPS
-    assert results["loss_spread"] == 0.0  # every rank holds the same (replicated) loss
-    got = safetensors.torch.load_file(tmp_path / "out" / "state.safetensors")
-    losses = [torch.tensor(v) for v in results["losses"]]
-    assert_matches(stem, want, losses, _as_outputs(got))
+    per_rank, _ = partition(program.replace(plan=plan_for(stem, plan)))
+    losses, outputs = run_on_gloo(program, flat, per_rank, tmp_path)
+    assert_matches(stem, want, losses, outputs)
 
 
 @pytest.mark.slow

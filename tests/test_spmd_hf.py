@@ -40,6 +40,7 @@ from tests.spmd_cases import (
     hf_plan_for,
     hf_training_program,
     reference,
+    run_on_gloo,
 )
 
 pytestmark = pytest.mark.hf
@@ -178,19 +179,7 @@ def test_inference_matches_single_device_on_xla(hf_model, name):
 @pytest.mark.slow
 @pytest.mark.parametrize(("name", "plan"), _matrix([("llama", "dp")]))
 def test_training_matches_single_device_on_gloo(tmp_path, hf_model, name, plan):
-    import safetensors.torch
-
-    from portable.distributed.launch import launch, prepare
-
     program, flat, want = _case(hf_model, name)
-    plan_ = hf_plan_for(name, plan)
-    per_rank, _ = partition(program.replace(plan=plan_))
-    sig = program.signature
-    users = {u.name: v for u, v in zip(sig.inputs, flat, strict=True) if u in sig.user_inputs}
-    results = launch(
-        prepare(per_rank, users, tmp_path / "run", steps=STEPS), plan_.mesh.size, tmp_path / "out"
-    )
-    assert results["loss_spread"] == 0.0
-    state = safetensors.torch.load_file(tmp_path / "out" / "state.safetensors")
-    losses = [torch.tensor(v) for v in results["losses"]]
-    assert_matches(name, want, losses, {f"{k}.updated": v for k, v in state.items()})
+    per_rank, _ = partition(program.replace(plan=hf_plan_for(name, plan)))
+    losses, outputs = run_on_gloo(program, flat, per_rank, tmp_path)
+    assert_matches(name, want, losses, outputs)

@@ -216,3 +216,19 @@ def test_a_live_runs_staging_directory_is_left_alone(tmp_path):
         assert (tmp / "part").read_text() == "in progress"
     assert (out / "part").read_text() == "in progress"
     assert _leftovers(tmp_path) == []
+
+
+def test_a_staging_directory_that_lost_its_lock_goes_once_its_process_is_gone(tmp_path):
+    """A process ended at once (a second Ctrl-C) while its main thread still wrote: its staging
+    directory may outlive its lock file; the pid in its name tells whether it is still live."""
+    from portable.cli.output import recover_stale
+
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], text=True,
+                          capture_output=True).stdout.strip()  # fmt: skip
+    gone = tmp_path / f".out.tmp-{dead}-deadbeef"
+    live = tmp_path / f".out.tmp-{os.getpid()}-cafebabe"
+    foreign = tmp_path / ".out.tmp-notours"
+    for folder in (gone, live, foreign):
+        (folder / "cuda").mkdir(parents=True)
+    assert recover_stale(tmp_path / "out") == [gone.name]
+    assert _leftovers(tmp_path) == sorted([live.name, foreign.name])

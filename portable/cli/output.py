@@ -18,6 +18,7 @@ from __future__ import annotations
 import contextlib
 import glob
 import os
+import re
 import secrets
 import shutil
 from collections.abc import Iterator
@@ -95,8 +96,9 @@ def recover_stale(out: Path) -> list[str]:
     works; the kernel releases it when the process ends, however it ends. A lock we can take
     belongs to a dead run: its `.OUT.tmp-TOKEN/` is deleted, and its `.OUT.old-TOKEN/` (the
     previous output, moved aside by a swap that died half way) is put back as `out` when `out`
-    is missing, or deleted. Locked files are live runs' and are never touched; so are
-    directories without a lock file (not ours to judge)."""
+    is missing, or deleted. Locked files are live runs' and are never touched. A staging
+    directory of ours whose lock file is gone is removed once the process its name carries has
+    ended; other directories without a lock file are not ours to judge."""
     removed: list[str] = []
     if fcntl is None:
         return removed
@@ -115,7 +117,31 @@ def recover_stale(out: Path) -> list[str]:
             lock.unlink(missing_ok=True)
         finally:
             os.close(fd)
+    return removed + _remove_unlocked(out)
+
+
+def _remove_unlocked(out: Path) -> list[str]:
+    """Our staging directories that lost their lock file (a process ended at once while its main
+    thread still wrote) are removed once the process named in them is gone."""
+    removed = []
+    pattern = re.compile(rf"\.{re.escape(out.name)}\.tmp-(\d+)-[0-9a-f]{{8}}")
+    for path in out.parent.glob(f".{glob.escape(out.name)}.tmp-*"):
+        match = pattern.fullmatch(path.name)
+        if match and path.is_dir() and not Path(f"{path}.lock").exists():
+            if not _alive(int(match[1])):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(path.name)
     return removed
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 class _Claim:
@@ -155,9 +181,14 @@ class _Claim:
         shutil.rmtree(self.tmp, ignore_errors=True)
 
     def abandon(self) -> None:
-        """What a process that ends at once removes (see interrupts.abandon_on_stop)."""
+        """What a process that ends at once removes (interrupts.abandon_on_stop). The main
+        thread may still be writing into the staging directory: if anything is left, the lock
+        file stays, and the next run into `out` finds it free and removes the rest."""
         self.remove_tmp()
-        self.lock.unlink(missing_ok=True)
+        if self.out.exists():
+            shutil.rmtree(self.old, ignore_errors=True)  # the swap was done
+        if not self.tmp.exists() and not self.old.exists():
+            self.lock.unlink(missing_ok=True)
 
     def recover(self) -> list[str]:
         """A dead run's leftovers: the staging directory deleted, a set-aside output restored."""

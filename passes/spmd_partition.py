@@ -30,8 +30,9 @@ counted as `replicated-ops`).
 The per-rank program records its layout contract in `metadata["spmd"]` (see
 `portable/ir/sharding.py` and docs/parallelism.md): the mesh, every input's and output's
 sharding, the global shapes, and the collectives inserted. Counts: one per collective kind and
-axis (`all_reduce[dp]`), `bytes[<op>:<axis>]` the bytes each rank sends, and `replicated-ops`
-(ops without a rule, run on full copies).
+axis (`all_reduce[dp]`), `bytes[<op>:<axis>]` the bytes each rank sends, `replicated-ops`
+(ops without a rule, run on full copies) and `localized` (replicated values recomputed at the
+local size for a split consumer, named in the notes).
 """
 
 from __future__ import annotations
@@ -269,7 +270,13 @@ class _Partitioner:
             nbytes[f"bytes[{c.op}:{c.axis}]"] += c.bytes
         counts.update(nbytes)
         counts["replicated-ops"] = sum(self.replicated_ops.values())
+        counts["localized"] = len(self.red.localized)
         notes = list(self.notes)
+        if self.red.localized:
+            notes.append(
+                "built at the local size instead of sliced from a global copy: "
+                + ", ".join(self.red.localized)
+            )
         for c in self._live_collectives():
             notes.append(f"{c.node}: {c.op} over {c.axis} ({c.group_size} ranks), {c.bytes} bytes")
         if self.replicated_ops:

@@ -81,6 +81,7 @@ def test_data_parallel_builds_the_mask_at_the_local_batch(hf_model):
     assert all(len(s.meta["tensor"].shape) == 1 for s in sliced), sliced
     assert "all_gather[dp]" not in report.counts  # no activation is gathered
     assert report.counts["replicated-ops"] == 0
+    assert report.counts["localized"] > 0  # named in the notes
 
 
 def test_tensor_parallel_gpt2_splits_conv1d_weights_on_features(hf_model):

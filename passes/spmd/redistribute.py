@@ -54,6 +54,7 @@ class Redistributor:
         self.global_shape: dict[torch.fx.Node, tuple[int, ...]] = {}
         self.dtype: dict[torch.fx.Node, torch.dtype] = {}
         self.collectives: list[Collective] = []
+        self.localized: list[str] = []  # values recomputed at the local size (localize.py)
         self._cache: dict[tuple[torch.fx.Node, Sharding], torch.fx.Node] = {}
 
     # ------------------------------------------------------------------------------ public
@@ -69,6 +70,7 @@ class Redistributor:
         if _refines(have, want):
             local = localize(self, value, want, before)
             if local is not None:
+                self.localized.append(value.name)
                 self._cache[key] = local
                 return local
         shape = self.global_shape[value]

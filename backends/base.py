@@ -150,16 +150,11 @@ class Backend(abc.ABC):
 
     # shared checks --------------------------------------------------------------------------
 
-    def check_program(self, program: Program, target: Target) -> None:
-        """Refuse a backend whose packages are missing, and program kinds, target variants and
-        ops this backend does not support."""
+    def check_target(self, target: Target) -> None:
+        """Refuse a backend whose packages are missing and target variants it does not have
+        (what can be checked before a program exists)."""
         self.require()
         caps = self.capabilities()
-        if program.kind not in caps.program_kinds:
-            raise BackendError(
-                f"backend {self.name} does not take {program.kind.value} programs",
-                fix=f"it takes: {', '.join(sorted(k.value for k in caps.program_kinds))}",
-            )
         variants = (
             target.variant.split(",")
             if caps.combines_variants and target.variant
@@ -169,6 +164,17 @@ class Backend(abc.ABC):
             raise BackendError(
                 f"unknown target {target}",
                 fix=f"variants of {self.name}: {', '.join(caps.variants) or '(none)'}",
+            )
+
+    def check_program(self, program: Program, target: Target) -> None:
+        """Refuse a backend whose packages are missing, and program kinds, target variants and
+        ops this backend does not support."""
+        self.check_target(target)
+        caps = self.capabilities()
+        if program.kind not in caps.program_kinds:
+            raise BackendError(
+                f"backend {self.name} does not take {program.kind.value} programs",
+                fix=f"it takes: {', '.join(sorted(k.value for k in caps.program_kinds))}",
             )
         for node in program.graph.nodes:
             if node.op != "call_function" or lookup(node.target) is None:

@@ -414,6 +414,14 @@ def test_a_bare_neuron_target_is_trn3_and_portable_check_finds_it(tmp_path, caps
     assert code == ExitCode.OK and "neuron_trn3/programs/MLP: 0 error(s)" in stdout
 
 
+def test_an_unknown_variant_is_refused_before_capture(tmp_path, capsys):
+    out = tmp_path / "out"
+    code, stdout, err = run(capsys, "lower", MLP, "-t", "neuron:trn9", "-o", str(out))
+    assert code == ExitCode.BACKEND_ERROR
+    assert "error: unknown target neuron:trn9" in err and "trn3, trn2, trn1" in err
+    assert "capturing" not in err and not out.exists() and stdout == ""
+
+
 def copy_of(lowered: Path, tmp_path: Path) -> tuple[Path, Path]:
     out = tmp_path / "out"
     shutil.copytree(lowered, out)

@@ -192,8 +192,9 @@ def parse_targets(texts: list[str], *, training: bool = False) -> list[Target]:
     """Expand `all` (every registered backend that takes the program's kind: with `training`,
     those that lower training steps), parse, check each backend is registered (RegistryError
     listing them) and usable here (BackendError naming its missing packages and the
-    `pip install` that adds them), give a bare target its backend's default variant (`neuron`
-    is `neuron:trn3`), and drop repeats (first wins)."""
+    `pip install` that adds them) with that variant (BackendError listing its variants), give
+    a bare target its backend's default variant (`neuron` is `neuron:trn3`), and drop repeats
+    (first wins)."""
     every = registry.names()
     if any(text.strip() == "all" for text in texts):
         for name in every:
@@ -205,6 +206,7 @@ def parse_targets(texts: list[str], *, training: bool = False) -> list[Target]:
     targets = [Target.parse(n) for n in names]
     for target in targets:
         _require(target.backend)
+        get_backend(target.backend).check_target(target)  # unknown variants, before capture
     return _combine_variants(list(dict.fromkeys(_with_default_variant(t) for t in targets)))
 
 

@@ -184,8 +184,9 @@ def load_plan(text: str) -> Plan:
             return Plan.from_json(data)
         except PlanError as exc:
             raise PlanError(
-                f"{path} is not a plan: {exc.what}",
-                fix='write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
+                f"{path}: {exc.what}",
+                fix=exc.fix
+                or 'write it with Plan.to_json(): {"mesh": {"dp": 2}, "batch_axes": ["dp"]}',
             ) from exc
     where, sep, attr = text.rpartition(":")
     if not sep or not where or not attr:

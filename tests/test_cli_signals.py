@@ -104,10 +104,12 @@ def test_ctrl_c_during_lower_exits_130_and_keeps_the_previous_output(previous):
     assert _leftovers(out.parent) == []
 
 
-def test_ctrl_c_swallowed_by_a_gc_callback_still_stops(tmp_path):
-    """An interrupt raised inside a gc callback is "ignored" by Python; the run must stop."""
+def test_ctrl_c_swallowed_by_a_gc_callback_still_stops(previous):
+    """An interrupt raised inside a gc callback is "ignored" by Python; the run must stop, and
+    the interrupt raised again must not land in the clean-up of the staging directory."""
+    out, before = previous
     script = _driver(
-        tmp_path,
+        out.parent,
         """
         fired = []
 
@@ -128,11 +130,10 @@ def test_ctrl_c_swallowed_by_a_gc_callback_still_stops(tmp_path):
         lower._lower_one = lower_one
         """,
     )
-    out = tmp_path / "fresh"
-    proc = _python(str(script), "lower", MLP, "-t", "cpu", "-o", str(out))
+    proc = _python(str(script), "lower", MLP, "-t", "cpu", "-o", str(out), "--force")
     assert proc.returncode == 130, proc.stderr
     _assert_one_line(proc.stderr)
-    assert not out.exists() and _leftovers(tmp_path) == []
+    assert _snapshot(out) == before and _leftovers(out.parent) == []
 
 
 def test_sigterm_exits_143_and_writes_nothing(tmp_path):

@@ -62,7 +62,8 @@ class _Session:
         self.announce = announce
         self.wakeup_writer = wakeup_writer
         self.first: int | None = None  # the first signal received
-        self.redeliver = False  # an interrupt was swallowed: the handler raises it again
+        self.raised = 0  # Interrupted raised so far
+        self.swallowed = 0  # ... of which Python swallowed (the unraisable hook saw them)
         self.in_hook = False  # the unraisable hook is running (the handler must not raise)
         self.echoes = 0  # wakeup bytes of re-deliveries, which are not new signals
         self.deferring = 0
@@ -73,19 +74,25 @@ class _Session:
 
     # main thread ----------------------------------------------------------------------------
 
+    @property
+    def redeliver(self) -> bool:
+        """Every Interrupted raised so far was swallowed: one must be raised again."""
+        return self.first is not None and self.swallowed >= self.raised
+
+    def interrupted(self) -> Interrupted:
+        self.raised += 1
+        return Interrupted(self.first or signal.SIGINT)
+
     def on_signal(self, signum: int, frame: Any) -> None:
-        if self.redeliver:
-            if self.in_hook:
-                return  # it would be swallowed again: the watchdog retries shortly
-            self.redeliver = False
-            raise Interrupted(self.first or signum)
-        if self.first is not None:
-            return  # a second signal: the watchdog ends the process
-        self.first = signum
-        if self.deferring:
-            self.pending = signum
-            return
-        raise Interrupted(signum)
+        if self.first is None:
+            self.first = signum
+            if self.deferring:
+                self.pending = signum
+                return
+            raise self.interrupted()
+        if self.redeliver and not self.in_hook and not self.deferring:
+            raise self.interrupted()  # (in the hook it would be swallowed again: retried soon)
+        # else: one is on its way up, or this is a second signal, which the watchdog handles
 
     def on_unraisable(self, unraisable: Any, previous: Callable[[Any], None]) -> None:
         if not isinstance(unraisable.exc_value, Interrupted) or self.first is None:
@@ -94,7 +101,7 @@ class _Session:
         # raised again by the watchdog thread, until it lands in code that lets it propagate
         self.in_hook = True
         try:
-            self.redeliver = True
+            self.swallowed += 1
             with contextlib.suppress(OSError):
                 self.wakeup_writer.send(bytes([_WAKE]))
         finally:
@@ -166,7 +173,7 @@ def handling_interrupts(announce: Announce) -> Iterator[None]:
     try:
         yield
     finally:
-        session.redeliver = False
+        session.raised = session.swallowed + 1  # nothing is raised again from here on
         writer.send(bytes([_DONE]))  # the watchdog first: it must not interrupt what follows
         watchdog.join(timeout=1.0)
         _ACTIVE.remove(session)
@@ -186,7 +193,7 @@ def deferred() -> Iterator[None]:
         yield
         return
     if session.first is not None:  # interrupted already (a swallowed interrupt not re-raised)
-        raise Interrupted(session.first)
+        raise session.interrupted()
     with session.critical:
         session.deferring += 1
         try:
@@ -194,8 +201,8 @@ def deferred() -> Iterator[None]:
         finally:
             session.deferring -= 1
     if session.pending is not None and not session.deferring:
-        signum, session.pending = session.pending, None
-        raise Interrupted(signum)
+        session.pending = None
+        raise session.interrupted()
 
 
 @contextlib.contextmanager

@@ -347,24 +347,33 @@ LAYOUT_MODELS = {
 }
 
 
+@pytest.mark.parametrize("kind", ["inference", "training"])
 @pytest.mark.parametrize("backend", ["cpu", "xla"])
 @pytest.mark.parametrize("name", list(LAYOUT_MODELS))
-def test_attention_then_view_inference(name, backend):
+def test_attention_then_view(name, backend, kind):
     if backend == "xla":
         pytest.importorskip("jax")
     torch.manual_seed(0)
-    model = LAYOUT_MODELS[name]()
-    _check_inference(model, (torch.randn(2, 5, 16),), backend)
+    model, x = LAYOUT_MODELS[name](), torch.randn(2, 5, 16)
+    if kind == "inference":
+        _check_inference(model, (x,), backend)
+    else:
+        _check_training(model, _mse, (x, torch.randn(2, 5, 16)), backend)
 
 
-@pytest.mark.parametrize("backend", ["cpu", "xla"])
-@pytest.mark.parametrize("name", list(LAYOUT_MODELS))
-def test_attention_then_view_training(name, backend):
-    if backend == "xla":
-        pytest.importorskip("jax")
+def test_mha_training_step_on_the_cuda_kernel_graph():
+    """The cuda backend's eager kernel graph (here on CPU, kernels interpreted) also returns
+    mse_loss_backward in its fake layout."""
+    pytest.importorskip("triton")
+    from portable.backends import Target
+    from portable.backends.cuda import CudaBackend, CudaOptions
+
     torch.manual_seed(0)
-    model = LAYOUT_MODELS[name]()
-    _check_training(model, _mse, (torch.randn(2, 5, 16), torch.randn(2, 5, 16)), backend)
+    batch = (torch.randn(2, 5, 16), torch.randn(2, 5, 16))
+    program = portable.capture(MHA(True), batch, loss_fn=_mse, optimizer=portable.optim.SGD(lr=LR))
+    backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
+    exe = backend.executable(backend.compile(backend.lower(program, Target("cuda", "sm_90"))))
+    torch.testing.assert_close(exe(*batch).loss, portable.compile(program)(*batch).loss, **TOL)
 
 
 class ViewsRowMajor(nn.Module):
@@ -430,3 +439,21 @@ def test_t5_sdpa_training_step_matches_eager(hf_model):
     assert _ops(program).count(MASK_GRAD) == 2  # self-attention; cross-attention has no bias
     bias = "encoder.block.0.layer.0.SelfAttention.relative_attention_bias.weight"
     assert bias in program.parameters()
+
+
+def test_data_parallel_mask_gradient_sums_over_the_batch():
+    """Under data parallelism the bias (broadcast over the batch) gets a partial gradient per
+    rank: attention_backward.mask_grad's spmd rule marks it a sum over dp."""
+    pytest.importorskip("jax")
+    from portable.backends.xla.spmd import run_spmd
+    from portable.passes.spmd_partition import partition
+    from tests.spmd_cases import assert_matches, reference
+
+    program, batch = _bias_step()
+    flat = [*(program.weights[i.target] for i in program.signature.state_inputs), *batch]
+    want = reference(program, flat, steps=2)
+    plan = portable.Plan(portable.Mesh({"dp": 2}), batch_axes=("dp",))
+    per_rank, _ = partition(program.replace(plan=plan))
+    result = run_spmd(per_rank, flat, steps=2)
+    outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
+    assert_matches("learned-bias", want, result.losses, outputs)

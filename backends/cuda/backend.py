@@ -123,6 +123,7 @@ class CudaBackend(Backend):
 
 
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
+    from portable.opset.layouts import in_fake_layout
     from portable.torch_compat import copy_graph_module
 
     from .lowering import kernel_graph, mx_mode, retarget_devices
@@ -140,6 +141,8 @@ def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
         gm = copy_graph_module(gm)
     retarget_devices(gm, device)
     gm = gm.to(device)
+    if not options.torch_compile:  # eager ATen kernels: results in the traced layouts
+        in_fake_layout(gm)
     fn = torch.compile(gm, dynamic=False) if options.torch_compile else gm
 
     def run(flat):

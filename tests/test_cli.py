@@ -185,7 +185,8 @@ def test_gpt_training_step_all_targets_parity_json(tmp_path, capsys):
         n for n in training if n not in runnable
     ]
     assert "neuron:trn3" in [t["target"] for t in parity["lowered_only"]]
-    assert parity["report"]["atol"] == 1e-3 / 20  # AdamW(lr=1e-3): see default_tolerances
+    # check_parity's one policy (docs/testing.md): its defaults plus the measured allowance
+    assert (parity["report"]["rtol"], parity["report"]["atol"]) == (1e-5, 1e-6)
     assert any(r["quantity"] == "loss step 3" for r in parity["report"]["rows"])
     check_manifest_files(out, manifest)
     assert portable.load(out / "program.portable").kind is portable.ProgramKind.TRAINING_STEP

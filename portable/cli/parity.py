@@ -59,8 +59,8 @@ def run_parity(
         )
     from ..testing import check_parity
 
-    tolerances = default_tolerances(program)
-    tolerances.update({k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None})
+    # the one policy of check_parity (portable/testing/tolerance.py); --rtol/--atol override
+    tolerances = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
     eager = {}
     if source.spec is not None and compare_eager:  # the reference vs the eager model itself
         eager = {"eager_model": source.spec.build(), "loss_fn": source.spec.loss_fn}
@@ -79,19 +79,6 @@ def run_parity(
     return ParityOutcome(
         bool(report.ok), record, f"{report.format().rstrip()}\n{skipped}parity: {verdict}\n"
     )
-
-
-def default_tolerances(program: Program) -> dict[str, float]:
-    """Inference: rtol 1e-5, atol 1e-6. Training steps (several steps of compounding rounding):
-    rtol 1e-4, atol 1e-5; with AdamW at least lr / 20, because AdamW normalises the rounding noise
-    of gradients that are exactly zero in exact arithmetic into updates of up to lr."""
-    if program.kind is not ProgramKind.TRAINING_STEP:
-        return {"rtol": 1e-5, "atol": 1e-6}
-    optimizer = program.metadata.get("optimizer", {})
-    atol = 1e-5
-    if optimizer.get("kind") == "adamw":
-        atol = max(atol, float(optimizer["lr"]) / 20)
-    return {"rtol": 1e-4, "atol": atol}
 
 
 def _inputs(program: Program, source: Source, training: bool) -> tuple[Any, ...]:

@@ -47,6 +47,7 @@ class _Errors:
     agree: torch.Tensor
     abs: torch.Tensor
     rel: torch.Tensor
+    within: torch.Tensor  # agrees without the allowance
 
 
 def compare(
@@ -71,8 +72,10 @@ def compare(
     else:
         errors = _exact_errors(got, want)
     first = _first_disagreement(errors.agree)
+    widened = int((errors.agree & ~errors.within).sum())
+    note = f"{widened} element(s) within the rounding allowance only" if widened else ""
     return ParityRow(
-        backend, quantity, _max(errors.abs), _max(errors.rel), first, first is None, ""
+        backend, quantity, _max(errors.abs), _max(errors.rel), first, first is None, note
     )
 
 
@@ -91,10 +94,11 @@ def _float_errors(
     diff = torch.where(finite, (got - want).abs(), torch.full_like(got, float("inf")))
     diff = torch.where(same_special, torch.zeros_like(diff), diff)
     bound = atol + rtol * magnitude
+    within = same_special | (finite & (diff <= bound))
+    agree = within
     if allowance is not None:
-        bound = bound + allowance.to(bound.device, torch.float64)
-    agree = same_special | (finite & (diff <= bound))
-    return _Errors(agree, diff, _relative(diff, magnitude))
+        agree = within | (finite & (diff <= bound + allowance.to(bound.device, torch.float64)))
+    return _Errors(agree, diff, _relative(diff, magnitude), within)
 
 
 def _complex_errors(
@@ -113,14 +117,20 @@ def _complex_errors(
     if allowance is not None:
         allowance = allowance.unsqueeze(-1).expand_as(w)
     parts = _float_errors(g, w, rtol, atol, allowance, magnitude)
-    return _Errors(parts.agree.all(dim=-1), parts.abs.amax(dim=-1), parts.rel.amax(dim=-1))
+    return _Errors(
+        parts.agree.all(dim=-1),
+        parts.abs.amax(dim=-1),
+        parts.rel.amax(dim=-1),
+        parts.within.all(dim=-1),
+    )
 
 
 def _exact_errors(got: torch.Tensor, want: torch.Tensor) -> _Errors:
     """Integer and bool tensors: equal or not; errors as float64 for the report."""
     g, w = got.long(), want.long()
     diff = torch.where(g >= w, g - w, w - g).double()  # exact in int64, then for the report
-    return _Errors(got == want, diff, _relative(diff, w.double().abs()))
+    equal = got == want
+    return _Errors(equal, diff, _relative(diff, w.double().abs()), equal)
 
 
 def _relative(diff: torch.Tensor, magnitude: torch.Tensor) -> torch.Tensor:

@@ -7,9 +7,11 @@ Contracts (docs/archive-format.md is the schema):
 - `load(save(p, path))` equals `p`: same text, signature, plan, metadata and content hash, and
   bit-identical weights (same dtypes).
 - No pickle: JSON and safetensors only; loading executes no code from the archive.
-- `save` is atomic: it writes a sibling temp directory and renames it into place, so `path` is
-  never a half-written archive. It replaces an existing archive, and refuses to replace anything
-  else (a file, a non-empty directory that is not an archive).
+- `save` is atomic (`portable.atomic_dir`): it writes a sibling temp directory and renames it into
+  place, so `path` is never a half-written archive, an exception of any kind during the swap puts
+  the previous archive back, and what a killed save left is cleaned up by the next save to
+  `path`. It replaces an existing archive, and refuses to replace anything else (a file, a
+  non-empty directory that is not an archive).
 - `load` treats the archive as hostile (docs/archive-format.md, "Threat model"): entries must be
   regular files inside the archive (no links out, no FIFOs or devices), program.json is bounded in
   size and nesting (`portable.limits`), every string that reaches generated code is checked
@@ -25,8 +27,6 @@ import hashlib
 import json
 import os
 import re
-import secrets
-import shutil
 import stat
 from pathlib import Path
 from typing import Any
@@ -34,6 +34,7 @@ from typing import Any
 import safetensors.torch
 import torch
 
+from . import atomic_dir
 from .errors import ArchiveError
 from .ir.grammar import bad_text
 from .ir.program import Program
@@ -73,24 +74,16 @@ def save(program: Program, path: str | os.PathLike[str]) -> Path:
             "(e.g. a plan that names one tensor twice)",
             fix="give each tensor one partition spec in the plan",
         )
-    dest = Path(os.path.abspath(path))
-    _check_replaceable(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = dest.parent / f".{dest.name}.tmp-{secrets.token_hex(4)}"
-    tmp.mkdir()  # not mkdtemp: the archive gets the umask's permissions, not 0700
-    try:
+    with atomic_dir.staging(Path(path), check=_check_replaceable) as tmp:
         weights_file = tmp / WEIGHTS_FILE
         safetensors.torch.save_file(_savable(program.weights), weights_file)
         size, digest = _file_digest(weights_file)
         header = _header(program_hash(program), size, digest)
         _write_fsynced(tmp / PROGRAM_FILE, (_dumps({**header, "program": doc}) + "\n").encode())
-        os.chmod(weights_file, (tmp / PROGRAM_FILE).stat().st_mode & 0o777)  # safetensors uses 0600
+        os.chmod(weights_file, (tmp / PROGRAM_FILE).stat().st_mode & 0o777)  # safetensors: 0600
         _fsync(weights_file)
         _fsync(tmp)
-        _install(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    dest = Path(os.path.abspath(path))
     _fsync(dest.parent)
     return dest
 
@@ -157,21 +150,6 @@ def _is_archive(dest: Path) -> bool:
     except (OSError, ValueError, RecursionError):
         return False
     return isinstance(header, dict) and header.get("format") == FORMAT
-
-
-def _install(tmp: Path, dest: Path) -> None:
-    """Rename `tmp` to `dest`; an existing `dest` is moved aside first and restored on failure."""
-    if not dest.exists():
-        os.rename(tmp, dest)
-        return
-    old = dest.parent / f".{dest.name}.old-{secrets.token_hex(4)}"
-    os.rename(dest, old)
-    try:
-        os.rename(tmp, dest)
-    except BaseException:
-        os.rename(old, dest)
-        raise
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _write_fsynced(path: Path, data: bytes) -> None:

@@ -448,24 +448,54 @@ def test_failed_save_leaves_nothing_behind(saved, tmp_path, monkeypatch):
     assert_same_program(program, portable.load(path))
 
 
-def test_failed_swap_restores_the_old_archive(saved, tmp_path, monkeypatch):
+@pytest.mark.parametrize("error", [OSError, KeyboardInterrupt, RuntimeError])
+def test_failed_swap_restores_the_old_archive(saved, tmp_path, monkeypatch, error):
+    """Whatever is raised between the two renames of the swap, the old archive is put back."""
     program, path = saved
     other, _ = _program("mlp.infer")
     rename = os.rename
-    calls = []
 
-    def second_rename_fails(src, dst):
-        calls.append((src, dst))
-        if len(calls) == 2:  # old archive moved aside; moving the new one in fails
-            raise OSError("interrupted")
+    def moving_in_fails(src, dst):
+        if ".tmp-" in os.fspath(src) and Path(dst) == path:  # old moved aside; new one in fails
+            raise error("interrupted")
         rename(src, dst)
 
-    monkeypatch.setattr(os, "rename", second_rename_fails)
-    with pytest.raises(OSError, match="interrupted"):
+    monkeypatch.setattr(os, "rename", moving_in_fails)
+    with pytest.raises(error, match="interrupted"):
         other.save(path)
     monkeypatch.undo()
     assert sorted(os.listdir(tmp_path)) == ["model.portable"]
     assert_same_program(program, portable.load(path))
+
+
+def test_a_save_killed_between_the_renames_is_undone_by_the_next_save(saved, tmp_path):
+    """kill -9 after the old archive was moved aside: the next save to the path puts it back
+    first (then replaces it), and no temp directory or lock is left."""
+    import subprocess
+    import sys
+
+    program, path = saved
+    script = f"""
+import os, signal, portable
+from pathlib import Path
+rename = os.rename
+def killed(src, dst):
+    if ".tmp-" in os.fspath(src) and Path(dst) == Path({str(path)!r}):
+        os.kill(os.getpid(), signal.SIGKILL)
+    rename(src, dst)
+os.rename = killed
+portable.load({str(path)!r}).save({str(path)!r})
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, timeout=300)
+    assert done.returncode == -9, done.stderr.decode()[-2000:]
+    assert not path.exists() and any(".old-" in p for p in os.listdir(tmp_path))
+    from portable.atomic_dir import recover_stale
+
+    recover_stale(path)  # what the next save does first
+    assert sorted(os.listdir(tmp_path)) == ["model.portable"]
+    assert_same_program(program, portable.load(path))
+    program.save(path)
+    assert sorted(os.listdir(tmp_path)) == ["model.portable"]
 
 
 def test_loading_does_not_unpickle(saved, monkeypatch):

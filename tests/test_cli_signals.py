@@ -187,8 +187,6 @@ def test_kill_9_between_the_renames_gives_the_previous_output_back(previous):
 def test_an_exception_between_the_renames_keeps_the_previous_output(
     previous, monkeypatch, capsys, error, code
 ):
-    import portable.cli.output as output
-
     out, before = previous
     real_rename = os.rename
 
@@ -197,7 +195,7 @@ def test_an_exception_between_the_renames_keeps_the_previous_output(
             raise error
         return real_rename(src, dst, *args, **kwargs)
 
-    monkeypatch.setattr(output.os, "rename", rename)
+    monkeypatch.setattr(os, "rename", rename)
     assert main(["lower", MLP, "-t", "cpu", "-o", str(out), "--force", "-q"]) == code
     assert _snapshot(out) == before
     assert _leftovers(out.parent) == []

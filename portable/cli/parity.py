@@ -16,6 +16,7 @@ import torch
 from ..backends import Target, get_backend
 from ..errors import InputError
 from ..ir.program import Program, ProgramKind
+from ..limits import check_tensor_bytes
 from .load_spec import Source
 
 __all__ = ["ParityOutcome", "run_parity"]
@@ -93,6 +94,7 @@ def _inputs(program: Program, source: Source, training: bool) -> tuple[Any, ...]
                 fix="run --parity on the @portable SPEC, whose example inputs are recorded",
             )
         shape = tuple(int(d) for d in spec.spec.shape)
+        check_tensor_bytes(shape, spec.spec.dtype, f"the --parity example for input {spec.name}")
         if spec.spec.dtype.is_floating_point:
             values.append(torch.randn(shape, generator=generator).to(spec.spec.dtype))
         else:

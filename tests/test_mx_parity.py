@@ -146,14 +146,15 @@ def test_observed_adds_each_quantizers_input_codes_and_scales():
 
 @pytest.mark.hf
 def test_quantized_hf_llama_passes_xla_and_onnx(hf_model):
-    """The case of issue 13: on this machine the inputs of seed 55 flip one code of
-    layers.1.self_attn.o_proj's input on both xla and onnx (their fp32 ops before the
-    quantizers round an ulp differently); the program still agrees under the same decisions."""
+    """The case of issue 13: on this machine the token ids of seed 32 flip one code of
+    layers.0.self_attn.o_proj's input on both xla and onnx (their fp32 ops before it round an
+    ulp differently), and the logits then differ by 1e-2; under the same decisions the program
+    agrees (another machine's XLA may flip other codes, or none)."""
     torch.manual_seed(0)
     model = hf_model("llama").eval()
     ids = torch.randint(0, 128, (2, 16))
     program = quantized(portable.capture(model, (ids,)), "mx-quantize")
-    torch.manual_seed(55)
+    torch.manual_seed(32)
     ids = torch.randint(0, 128, (2, 16))
     report = check_parity(program, (ids,), backends=["xla", "onnx"])
     assert report.ok, report.format()

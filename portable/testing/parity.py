@@ -10,12 +10,13 @@ compares the reference's whole run with the model run by eager PyTorch.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 
 from ..errors import BackendError, CaptureError
 from ..ir.program import Program, ProgramKind
+from ..runtime import Executable
 from .compare import ParityRow, compare
 from .mx_parity import FedReference, is_quantized, observed
 from .report import ParityReport
@@ -66,32 +67,18 @@ def check_parity(
 
     With `eager_model` (and `loss_fn` for a training step) the reference itself is also compared
     with eager PyTorch, as the row `eager`."""
-    from ..backends import Target, get_backend
-
     program, inputs, model = _as_program(model_or_program, inputs)
     eager_model = eager_model if eager_model is not None else model
     steps = steps if program.kind is ProgramKind.TRAINING_STEP else 1
-    rows, skipped, allowance = [], [], []
+    rows, allowance = [], []
     if eager_model is not None:
-        rows += _eager_rows(program, eager_model, loss_fn, inputs, steps, reference, rtol, atol)
-    reference_exe = None
-    for backend in [b for b in backends if b != reference] or [reference]:  # alone: determinism
-        ok, why = get_backend(Target.parse(backend).backend).can_execute_here()
-        if not ok:
-            if not skip_unavailable:
-                raise BackendError(
-                    f"backend {backend} cannot run here: {why}",
-                    fix="drop it from backends=[...] or run on a machine that has it",
-                )
-            skipped.append((backend, why))
-            continue
-        if is_quantized(program):
-            seen = observed(program)
-            exe, ref = executable(seen, backend), FedReference(seen)
-        else:
-            reference_exe = reference_exe or executable(program, reference)
-            exe, ref = executable(program, backend), StepReference(reference_exe)
-        found, how = stepwise_rows(backend, exe, ref, inputs, steps, rtol, atol)
+        rows, how = _eager_rows(program, eager_model, loss_fn, inputs, steps, reference, rtol, atol)
+        allowance.append(f"eager: {how}")
+    targets = [b for b in backends if b != reference] or [reference]  # alone: determinism
+    runnable, skipped = _runnable(targets, skip_unavailable)
+    compile_pair = _pairs(program, reference)
+    for backend in runnable:
+        found, how = stepwise_rows(backend, *compile_pair(backend), inputs, steps, rtol, atol)
         rows += found
         allowance.append(how)
     return ParityReport(
@@ -107,6 +94,44 @@ def check_parity(
     )
 
 
+def _runnable(
+    backends: Sequence[str], skip_unavailable: bool
+) -> tuple[list[str], list[tuple[str, str]]]:
+    """The backends that run here, and (backend, why) for the others (BackendError unless
+    `skip_unavailable`)."""
+    from ..backends import Target, get_backend
+
+    runnable, skipped = [], []
+    for backend in backends:
+        ok, why = get_backend(Target.parse(backend).backend).can_execute_here()
+        if ok:
+            runnable.append(backend)
+        elif skip_unavailable:
+            skipped.append((backend, why))
+        else:
+            raise BackendError(
+                f"backend {backend} cannot run here: {why}",
+                fix="drop it from backends=[...] or run on a machine that has it",
+            )
+    return runnable, skipped
+
+
+def _pairs(program: Program, reference: str) -> Callable[[str], tuple[Executable, StepReference]]:
+    """backend -> (the program compiled for it, the reference its steps are compared with): for
+    an MX-quantized program, the observed program and the cpu reference fed its codes."""
+    if not is_quantized(program):
+        ref = StepReference(executable(program, reference))
+        return lambda backend: (executable(program, backend), ref)
+    if reference != "cpu":
+        raise BackendError(
+            f"an MX-quantized program is compared with the cpu reference fed each backend's "
+            f"codes; reference={reference!r} cannot be fed",
+            fix='use reference="cpu" (the default)',
+        )
+    seen = observed(program)
+    return lambda backend: (executable(seen, backend), FedReference(seen))
+
+
 def _eager_rows(
     program: Program,
     model: torch.nn.Module,
@@ -116,18 +141,20 @@ def _eager_rows(
     reference: str,
     rtol: float,
     atol: float,
-) -> list[ParityRow]:
+) -> tuple[list[ParityRow], str]:
     """The reference's run of all `steps` against the model run by eager PyTorch (a
-    `torch.optim` loop for a training step), within the reference's allowance over the run."""
+    `torch.optim` loop for a training step), within the reference's allowance over the run;
+    and what that allowance was measured from."""
     from .eager import eager_results
 
     ref = reference_run(executable(program, reference), inputs, steps)
     eager = eager_results(program, model, inputs, loss_fn=loss_fn, steps=steps)
-    return [
+    rows = [
         compare("eager", k, eager[k], want, rtol, atol, ref.allowance.get(k))
         for k, want in ref.values.items()
         if k in eager
     ]
+    return rows, ref.description
 
 
 def assert_parity(

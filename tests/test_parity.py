@@ -189,6 +189,31 @@ def test_training_steps_compare_loss_per_step_and_state(test_backends):
     assert not report.ok and report.mismatches()[0].quantity == "loss step 1"
 
 
+@pytest.mark.parametrize(
+    ("option", "message"),
+    [
+        ({"rtol": -1e-5}, "rtol=-1e-05 must be a finite number >= 0"),
+        ({"atol": float("nan")}, "atol=nan must be a finite number >= 0"),
+        ({"steps": 0}, "steps=0 must be an integer >= 1"),
+    ],
+)
+def test_bad_parity_options_are_input_errors(option, message):
+    with pytest.raises(portable.InputError, match=message):
+        check_parity(_model(), (torch.randn(4, 8),), backends=["cpu"], **option)
+
+
+def test_eager_training_baseline_without_loss_fn_is_an_input_error():
+    model, batch = _model(), (torch.randn(4, 8), torch.randn(4, 4))
+    program = portable.capture(
+        model,
+        batch,
+        loss_fn=lambda m, x, y: ((m(x) - y) ** 2).mean(),
+        optimizer=portable.optim.SGD(),
+    )
+    with pytest.raises(portable.InputError, match="needs its loss_fn"):
+        check_parity(program, batch, backends=["cpu"], eager_model=model)
+
+
 def test_unavailable_backend_is_an_error_or_listed(test_backends):
     x = torch.randn(4, 8)
     with pytest.raises(portable.BackendError, match="needs hardware"):

@@ -14,6 +14,7 @@ import torch
 import torch.utils._pytree as pytree
 
 from ..capture.loss import as_loss_fn
+from ..errors import InputError
 from ..ir.program import Program, ProgramKind
 from ..optim import Optimizer, to_torch
 
@@ -37,7 +38,10 @@ def eager_results(
         names = [o.name for o in program.signature.outputs]
         return {f"output {n}": t for n, t in zip(names, outs, strict=True)}
     if loss_fn is None:
-        raise ValueError("a training-step baseline needs the loss_fn")
+        raise InputError(
+            f"comparing the training step {program.name} with eager PyTorch needs its loss_fn",
+            fix="pass loss_fn= (the one the step was captured with) next to eager_model=",
+        )
     opt = Optimizer.from_dict(program.metadata["optimizer"])
     eager = to_torch(opt, [p for p in model.parameters() if p.requires_grad])
     model.train()

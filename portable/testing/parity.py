@@ -10,11 +10,12 @@ compares the reference's whole run with the model run by eager PyTorch.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Sequence
 
 import torch
 
-from ..errors import BackendError, CaptureError
+from ..errors import BackendError, CaptureError, InputError
 from ..ir.program import Program, ProgramKind
 from ..runtime import Executable
 from .compare import ParityRow, compare
@@ -67,6 +68,7 @@ def check_parity(
 
     With `eager_model` (and `loss_fn` for a training step) the reference itself is also compared
     with eager PyTorch, as the row `eager`."""
+    _check_tolerances(rtol, atol, steps)
     program, inputs, model = _as_program(model_or_program, inputs)
     eager_model = eager_model if eager_model is not None else model
     steps = steps if program.kind is ProgramKind.TRAINING_STEP else 1
@@ -92,6 +94,17 @@ def check_parity(
         tuple(skipped),
         "; ".join(dict.fromkeys(allowance)),
     )
+
+
+def _check_tolerances(rtol: float, atol: float, steps: int) -> None:
+    for name, value in (("rtol", rtol), ("atol", atol)):
+        if not (isinstance(value, int | float) and math.isfinite(value) and value >= 0):
+            raise InputError(
+                f"parity tolerance {name}={value!r} must be a finite number >= 0",
+                fix=f"use e.g. {name}={RTOL if name == 'rtol' else ATOL:g} (the default)",
+            )
+    if not isinstance(steps, int) or steps < 1:
+        raise InputError(f"parity steps={steps!r} must be an integer >= 1", fix="use steps=3")
 
 
 def _runnable(

@@ -72,12 +72,12 @@ def check_parity(
     program, inputs, model = _as_program(model_or_program, inputs)
     eager_model = eager_model if eager_model is not None else model
     steps = steps if program.kind is ProgramKind.TRAINING_STEP else 1
+    targets = [b for b in backends if b != reference] or [reference]  # alone: determinism
+    runnable, skipped = _runnable(targets, skip_unavailable)  # before anything runs
     rows, allowance = [], []
     if eager_model is not None:
         rows, how = _eager_rows(program, eager_model, loss_fn, inputs, steps, reference, rtol, atol)
         allowance.append(f"eager: {how}")
-    targets = [b for b in backends if b != reference] or [reference]  # alone: determinism
-    runnable, skipped = _runnable(targets, skip_unavailable)
     compile_pair = _pairs(program, reference)
     for backend in runnable:
         found, how = stepwise_rows(backend, *compile_pair(backend), inputs, steps, rtol, atol)

@@ -22,7 +22,7 @@ from portable.backends import registry as backend_registry
 from portable.cli import ExitCode, main
 from portable.cli.manifest import FORMAT, FORMAT_VERSION
 from portable.errors import BackendError
-from portable.opset import opset_table
+from portable.opset import OPSET_VERSION, opset_table
 from portable.passes import registry as pass_registry
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
@@ -83,7 +83,11 @@ def test_lower_writes_archive_target_and_manifest(mlp_out):
     assert manifest["tool"] == {"name": "portable", "version": portable.__version__}
     assert set(manifest["toolchain"]) == {"python", "portable", "torch", "numpy", "safetensors"}
     prog = manifest["program"]
-    assert (prog["name"], prog["kind"], prog["opset_version"]) == ("MLP", "inference", "1.1")
+    assert (prog["name"], prog["kind"], prog["opset_version"]) == (
+        "MLP",
+        "inference",
+        OPSET_VERSION,
+    )
     assert [t["target"] for t in manifest["targets"]] == ["cpu"]
     assert (
         manifest["targets"][0]["dir"] == "cpu"
@@ -388,7 +392,7 @@ def test_usage_errors_exit_2(capsys):
 def test_inspect_archive_shows_the_op_histogram(mlp_out, capsys):
     code, stdout, _ = run(capsys, "inspect", str(mlp_out / "program.portable"))
     assert code == ExitCode.OK
-    assert "program MLP (inference, opset 1.1)" in stdout
+    assert f"program MLP (inference, opset {OPSET_VERSION})" in stdout
     assert "passes applied: dce, canonicalize" in stdout
     histogram = stdout.split("ops (")[1].split("\n\n")[0]
     assert "aten.addmm.default  2" in histogram and "aten.gelu.default" in histogram

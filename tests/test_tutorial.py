@@ -198,6 +198,8 @@ _FOREIGN_FLAGS = {
     "--portable-backends",
     "--dry-run",
     "--write",
+    "--quick",  # benchmarks/reliability.py
+    "--sweep",
 }
 
 

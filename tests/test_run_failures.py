@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -171,9 +172,12 @@ def test_a_rank_that_raises_is_named_with_its_exception(tmp_path):
     with pytest.raises(RankFailedError) as info:
         launch(run_dir, 2, tmp_path / "out", timeout_s=10)
     message = str(info.value)
-    assert message.startswith(
-        "rank 1 of 2 failed with exit status 1 in the inference call: "
-        "IndexError: index out of range in self"
+    # torchrun may SIGTERM rank 1 after it raised and before it exits: then there is no exit
+    # status, and the rank still counts as one that raised
+    assert re.match(
+        r"rank 1 of 2 failed( with exit status 1)? in the inference call: "
+        r"IndexError: index out of range in self",
+        message,
     ), message
     assert "rank 0: " in message and "--quiet/--json" not in message
     assert "rank 1 raised an exception that is not a portable error (File " in message

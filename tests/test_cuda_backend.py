@@ -489,3 +489,19 @@ def test_fake_quantization_stays_emulated_on_sm_100():
     program.metadata["mx_quantize"] = {"mode": "fake"}
     (decision,) = portable.lower(program, "cuda:sm_100").lowered.payload.arch_decisions["sm_100"]
     assert decision.impl == "emulated-mx" and "mode=fake" in decision.reason
+
+
+def test_a_program_with_a_dynamic_dim_exports_a_pt2_that_takes_other_sizes(tmp_path):
+    """The .pt2 of a program with a dynamic batch (the format-2 fixture) declares the dim again
+    for `forward(*inputs)`'s one vararg (it was refused: `dynamic_shapes[0]` was the first input's
+    declaration) and runs other batch sizes as the cpu backend does."""
+    fixture = Path(__file__).parent / "fixtures" / "archive_v2" / "mlp.portable"
+    program = portable.load(fixture)
+    backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
+    backend.compile(backend.lower(program, Target("cuda", "sm_90")), tmp_path / "cuda")
+    module = load_pt2(tmp_path / "cuda" / "program.pt2").module()
+    cpu = portable.compile(program, backend="cpu")
+    features = program.signature.user_inputs[0].spec.shape[1]
+    for batch in (3, 7):
+        x = torch.randn(batch, features)
+        assert torch.equal(module(x), cpu(x))

@@ -84,7 +84,8 @@ def _example_inputs(program: Program) -> tuple[tuple[torch.Tensor, ...], Any]:
         )
         examples.append(value)
         dynamic.append(decl or None)
-    return tuple(examples), (tuple(dynamic) if symbols else None)
+    # forward(*inputs): the one vararg takes the whole tuple of per-input declarations
+    return tuple(examples), ((tuple(dynamic),) if symbols else None)
 
 
 def export_program(program: Program, gm: torch.fx.GraphModule) -> torch.export.ExportedProgram:

@@ -35,6 +35,7 @@ from torch.export.graph_signature import InputKind
 from ..errors import CaptureError
 from ..ir.source import SourceLoc
 from ..opset import op_name
+from ..opset.bind import arguments as _arguments
 
 aten = torch.ops.aten
 
@@ -78,19 +79,6 @@ def _dim(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
 
 
-def _arguments(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in."""
-    values = {}
-    for i, arg in enumerate(node.target._schema.arguments):
-        if i < len(node.args) and not arg.kwarg_only:
-            values[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            values[arg.name] = node.kwargs[arg.name]
-        elif arg.has_default_value():
-            values[arg.name] = arg.default_value
-    return values
-
-
 def _again(emit: _Emit, node: torch.fx.Node, pair, **changes: Any) -> torch.fx.Node:
     """`node`'s op once more, on the pairs of its tensor arguments, with `changes` by name."""
     values = {**_arguments(node), **changes}
@@ -112,11 +100,11 @@ Rule = Callable[[_Emit, torch.fx.Node, Callable[[Any], Any]], torch.fx.Node | No
 
 def _view_as_complex(emit, node, pair):
     # view_as_complex(x [..., 2]) -> x: the pair form of the result is its input
-    return node.args[0]
+    return _arguments(node)["self"]
 
 
 def _view_as_real(emit, node, pair):
-    return pair(node.args[0])
+    return pair(_arguments(node)["self"])
 
 
 def _parts(emit, z):
@@ -156,7 +144,8 @@ def _add_or_sub(emit, node, pair):
 
 def _polar(emit, node, pair):
     # polar(r, t) = r * cos(t) + i r * sin(t)
-    r, t = node.args[:2]
+    a = _arguments(node)
+    r, t = a["abs"], a["angle"]
     real = emit(aten.mul.Tensor, r, emit(aten.cos.default, t))
     imag = emit(aten.mul.Tensor, r, emit(aten.sin.default, t))
     return emit(aten.stack.default, [real, imag], -1)
@@ -216,7 +205,7 @@ def _gather(emit, node, pair):
 def _to(emit, node, pair):
     # to(z, complex dtype): the pair converts to the matching real dtype; a real x becomes
     # the pair (x, 0)
-    dtype, source = node.meta["val"].dtype, node.args[0]
+    dtype, source = node.meta["val"].dtype, _arguments(node)["self"]
     if not dtype.is_complex:
         raise _Unsupported(f"a conversion to {dtype} (it drops the imaginary part)")
     real = emit(aten._to_copy.default, pair(source), dtype=dtype.to_real())
@@ -233,7 +222,7 @@ def _dropped(emit, node, pair):
 
 def _part(index: int) -> Rule:
     def rule(emit, node, pair):
-        return emit(aten.select.int, pair(node.args[0]), -1, index)
+        return emit(aten.select.int, pair(_arguments(node)["self"]), -1, index)
 
     return rule
 

@@ -8,6 +8,17 @@ node's target to its entry.
 from __future__ import annotations
 
 from . import collectives, mx_ops, nn_ops  # noqa: F401  (registers portable:: ops)
+from .bind import Bound, OperandError, bind
 from .table import OPSET_VERSION, OpDef, lookup, op_name, opset_table, resolve
 
-__all__ = ["OPSET_VERSION", "OpDef", "lookup", "op_name", "opset_table", "resolve"]
+__all__ = [
+    "OPSET_VERSION",
+    "Bound",
+    "OpDef",
+    "OperandError",
+    "bind",
+    "lookup",
+    "op_name",
+    "opset_table",
+    "resolve",
+]

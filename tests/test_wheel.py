@@ -60,6 +60,7 @@ def test_wheel_layout(wheel):
         "portable/passes/dce.py",
         "portable/cli/app.py",
         "portable/opset/table.py",
+        "portable/py.typed",  # PEP 561 marker: type checkers of user code read our annotations
     ):
         assert module in names
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))

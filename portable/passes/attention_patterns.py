@@ -44,6 +44,8 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from portable.opset.table import CAST, IDENTITY, RESHAPE, ops_with
+
 from . import element_order
 
 __all__ = [
@@ -58,9 +60,9 @@ __all__ = [
 
 aten = torch.ops.aten
 
-RESHAPES = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
-THROUGH = RESHAPES | {aten.clone.default, aten.alias.default, aten.expand.default}
-CASTS = frozenset({aten._to_copy.default})
+RESHAPES = ops_with(RESHAPE)
+THROUGH = RESHAPES | ops_with(IDENTITY) | {aten.expand.default}
+CASTS = ops_with(CAST)
 MUL = frozenset({aten.mul.Tensor, aten.mul.Scalar})
 DIV = frozenset({aten.div.Tensor, aten.div.Scalar})
 ADD = frozenset({aten.add.Tensor})
@@ -69,7 +71,7 @@ SOFTMAX = aten._softmax.default
 SOFTMAX_BACKWARD = aten._softmax_backward_data.default
 BMM = aten.bmm.default
 CONSTANTS = frozenset({aten.scalar_tensor.default, aten.full.default})
-_COPIES = frozenset({aten.clone.default, aten.alias.default})
+_COPIES = ops_with(IDENTITY)
 # a fill at or below this is a mask: exp(fill - max) is 0 in every float format
 MASK_FILL = -1e30
 

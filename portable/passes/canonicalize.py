@@ -23,6 +23,7 @@ from torch.fx import Node
 from portable.errors import PassError
 from portable.ir.program import Program
 from portable.opset import op_name
+from portable.opset.table import CAST, IDENTITY, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassResult
 from .dce import remove_dead_code
@@ -95,13 +96,13 @@ def _apply(graph: torch.fx.Graph, node: Node, replacement: Replacement | None) -
 
 # ---- helpers ---------------------------------------------------------------------------------
 
-_VIEWS = frozenset({aten.view.default, aten._unsafe_view.default})
-_RESHAPES = _VIEWS | {aten.reshape.default}
+_RESHAPES = ops_with(RESHAPE)
+_VIEWS = _RESHAPES - {aten.reshape.default}  # the ones that require a viewable input
 _RESIZES = _RESHAPES | {aten.expand.default}
-_PERMUTES = frozenset({aten.permute.default, aten.transpose.int, aten.t.default})
+_PERMUTES = ops_with(PERMUTE)
 _TRANSPOSE = frozenset({aten.transpose.int})
-_COPIES = frozenset({aten.clone.default, aten.alias.default})
-_TO_COPY = frozenset({aten._to_copy.default})
+_COPIES = ops_with(IDENTITY)
+_TO_COPY = ops_with(CAST)
 _MUL = frozenset({aten.mul.Tensor, aten.mul.Scalar})
 _DIV = frozenset({aten.div.Tensor, aten.div.Scalar})
 

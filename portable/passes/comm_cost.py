@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from portable.ir.signature import TensorSpec
+from portable.opset.table import PERMUTE, RESHAPE, UNIT_DIM, ops_with
 
 __all__ = ["COLLECTIVES", "WAIT", "estimate_exposed", "flops", "nbytes", "wire_bytes"]
 
@@ -67,16 +68,7 @@ def estimate_exposed(
     }
 
 
-_FREE = {
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
-    aten.permute.default,
-    aten.transpose.int,
-    aten.t.default,
-    aten.unsqueeze.default,
-    aten.squeeze.dims,
-    aten.squeeze.dim,
+_FREE = ops_with(RESHAPE, PERMUTE, UNIT_DIM) | {
     aten.expand.default,
     aten.slice.Tensor,
     aten.split_with_sizes.default,

@@ -18,14 +18,16 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from portable.opset.table import IDENTITY, PERMUTE, RESHAPE, UNIT_DIM, ops_with
+
 __all__ = ["LAYOUT_OPS", "keeps_order", "layout_chain"]
 
 aten = torch.ops.aten
 
-_RESHAPE = frozenset({aten.view.default, aten._unsafe_view.default, aten.reshape.default})
-_IDENTITY = frozenset({aten.clone.default, aten.alias.default, aten.expand.default})
-_PERMUTE = frozenset({aten.permute.default, aten.transpose.int, aten.t.default})
-_UNIT = frozenset({aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims})
+_RESHAPE = ops_with(RESHAPE)
+_IDENTITY = ops_with(IDENTITY) | {aten.expand.default}
+_PERMUTE = ops_with(PERMUTE)
+_UNIT = ops_with(UNIT_DIM)
 LAYOUT_OPS = _RESHAPE | _IDENTITY | _PERMUTE | _UNIT
 
 

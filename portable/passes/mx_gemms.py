@@ -38,6 +38,7 @@ from torch.fx import Node
 from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, OutputKind
 from portable.ir.source import source_of
+from portable.opset.table import CAST, IDENTITY, PERMUTE, RESHAPE, ops_with
 
 __all__ = [
     "CONTRACTION",
@@ -57,19 +58,7 @@ CONTRACTION = {"forward": "K", "input_grad": "N", "weight_grad": "M"}
 
 _GEMM_OPS = frozenset({aten.mm.default, aten.addmm.default})
 # ops whose result holds the same data as their input (what "through views" looks through)
-_SAME_DATA = frozenset(
-    {
-        aten.t.default,
-        aten.transpose.int,
-        aten.permute.default,
-        aten.view.default,
-        aten._unsafe_view.default,
-        aten.reshape.default,
-        aten.clone.default,
-        aten.alias.default,
-        aten._to_copy.default,
-    }
-)
+_SAME_DATA = ops_with(PERMUTE, RESHAPE, IDENTITY, CAST)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,6 +49,7 @@ from portable.ir.program import Program
 from portable.ir.signature import TensorSpec
 from portable.opset import op_name
 from portable.opset.mx_ops import codes_shape, scales_shape
+from portable.opset.table import PERMUTE, ops_with
 from portable.runtime import flatten_inputs
 
 from .base import Pass, PassResult
@@ -60,7 +61,7 @@ aten = torch.ops.aten
 MODES = ("fake", "real")
 BLOCK_SIZE = 32
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-_TRANSPOSES = frozenset({aten.t.default, aten.transpose.int, aten.permute.default})
+_TRANSPOSES = ops_with(PERMUTE)
 _FIRST = "first linear layers, which read the model's first activation (keep_first_last=true)"
 _LAST = "last linear layers, which write its last activation (keep_first_last=true)"
 

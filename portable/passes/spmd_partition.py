@@ -58,6 +58,7 @@ from portable.ir.signature import (
     Signature,
     TensorSpec,
 )
+from portable.opset.table import CAST, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassResult
 from .spmd.layouts import input_shardings
@@ -310,16 +311,9 @@ def _set(node: torch.fx.Node, key, value) -> None:
     node.args = tuple(args)
 
 
-_PARAMETER_VIEWS = {
-    aten.t.default,
-    aten.transpose.int,
-    aten.permute.default,
-    aten.view.default,
-    aten._unsafe_view.default,
-    aten.reshape.default,
+_PARAMETER_VIEWS = ops_with(PERMUTE, RESHAPE, CAST) | {
     aten.expand.default,
     aten.unsqueeze.default,
-    aten._to_copy.default,
     aten.clone.default,
 }
 

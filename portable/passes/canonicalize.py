@@ -11,9 +11,7 @@ viewable. Never rewritten: `x + 0 -> x` (wrong for -0.0: -0.0 + 0 == +0.0).
 from __future__ import annotations
 
 import dataclasses
-import typing
 from collections import Counter
-from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -22,7 +20,8 @@ from torch.fx import Node
 
 from portable.errors import PassError
 from portable.ir.program import Program
-from portable.opset import op_name
+from portable.ir.rewriter import NewNode, Pattern, Replacement, Rewriter
+from portable.opset import bind
 from portable.opset.table import CAST, IDENTITY, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassResult
@@ -33,65 +32,12 @@ __all__ = ["PATTERNS", "Canonicalize", "NewNode", "Pattern", "rewrite"]
 aten = torch.ops.aten
 
 
-@dataclasses.dataclass(frozen=True)
-class NewNode:
-    """A replacement op to insert before the matched node (it inherits the node's meta)."""
-
-    target: Any
-    args: tuple[Any, ...]
-    kwargs: dict[str, Any] = dataclasses.field(default_factory=dict)
-
-
-Replacement = Node | NewNode
-
-
-@dataclasses.dataclass(frozen=True)
-class Pattern:
-    """`match(node)` returns what replaces `node` (an existing value or a new op), or None."""
-
-    name: str
-    match: Callable[[Node], Replacement | None]
-
-
 def rewrite(
     graph: torch.fx.Graph, patterns: tuple[Pattern, ...], max_sweeps: int = 100
 ) -> tuple[Counter[str], bool]:
-    """Apply `patterns` in place to every live call_function node until none matches (first
-    matching pattern wins). Replaced nodes are erased; their inputs may become dead (run
-    `remove_dead_code` after). Returns (matches per pattern, whether a fixed point was reached)."""
-    counts: Counter[str] = Counter()
-    for _ in range(max_sweeps):
-        changed = False
-        for node in list(graph.nodes):
-            if node.op != "call_function" or not node.users:  # dead ops: left to dce
-                continue
-            for pattern in patterns:
-                if _apply(graph, node, pattern.match(node)):
-                    counts[pattern.name] += 1
-                    changed = True
-                    break
-        if not changed:
-            return counts, True
-    return counts, False
-
-
-def _apply(graph: torch.fx.Graph, node: Node, replacement: Replacement | None) -> bool:
-    if replacement is None:
-        return False
-    if isinstance(replacement, NewNode):
-        target, args, kwargs = replacement.target, replacement.args, replacement.kwargs
-        name = op_name(target).split(".")[1]  # %reshape, %reshape_1, ... (not %reshape_default)
-        with graph.inserting_before(node):
-            new = graph.create_node("call_function", target, args, kwargs, name=name)
-        # Same value as `node`: same recorded type and source; drop layout-specific export meta.
-        new.meta.update({k: v for k, v in node.meta.items() if k not in ("val", "tensor_meta")})
-    else:
-        new = replacement
-        if new.meta.get("tensor") != node.meta.get("tensor"):
-            return False
-    node.replace_all_uses_with(new)
-    graph.erase_node(node)
-    return True
+    """`Rewriter(graph).apply(patterns)`: matches per pattern, and whether a fixed point was
+    reached. Replaced nodes are erased; their inputs may become dead (`remove_dead_code`)."""
+    return Rewriter(graph).apply(patterns, max_sweeps)
 
 
 # ---- helpers ---------------------------------------------------------------------------------
@@ -122,13 +68,15 @@ def _call(value: Any, targets: frozenset) -> Node | None:
     return value if is_op else None
 
 
-def _args(node: Node) -> tuple[Any, ...]:
-    return tuple(node.args)
-
-
 def _input(node: Node) -> Node:
-    """The first argument: the tensor every pattern here transforms."""
-    return typing.cast(Node, node.args[0])
+    """The `self` operand: the tensor every pattern here transforms."""
+    return bind(node).node("self")
+
+
+def _shape(node: Node) -> Any:
+    """The target shape of a view / reshape / expand (`size`, or reshape's `shape`)."""
+    b = bind(node)
+    return b["size"] if "size" in b else b["shape"]
 
 
 def _rank(node: Node) -> int:
@@ -137,12 +85,13 @@ def _rank(node: Node) -> int:
 
 def _perm(node: Node) -> list[int]:
     """The permutation a permute/transpose/t applies: output dim i is input dim perm[i]."""
-    n, args = _rank(node), _args(node)
+    n, args = _rank(node), bind(node)
     if node.target is aten.permute.default:
-        return [d % n for d in args[1]] if n else []
+        return [d % n for d in args.dims] if n else []
     perm = list(range(n))
     if n:
-        a, b = (args[1] % n, args[2] % n) if node.target is aten.transpose.int else (0, n - 1)
+        is_transpose = node.target is aten.transpose.int
+        a, b = (args.dim0 % n, args.dim1 % n) if is_transpose else (0, n - 1)
         perm[a], perm[b] = perm[b], perm[a]
     return perm
 
@@ -169,11 +118,11 @@ def _reshape_chain(node: Node) -> Replacement | None:
     # reshape(reshape(x, s1), s2) -> reshape(x, s2)   (both keep row-major element order)
     # A view of a view stays a view; a reshape anywhere makes the result a reshape, because
     # that reshape may have copied into a layout that a view of x could not take.
-    inner = _call(node.args[0], _RESHAPES) if _call(node, _RESHAPES) else None
+    inner = _call(_input(node), _RESHAPES) if _call(node, _RESHAPES) else None
     if inner is None:
         return None
     target = node.target if inner.target in _VIEWS else aten.reshape.default
-    return NewNode(target, (_input(inner), *_args(node)[1:]))
+    return NewNode(target, (_input(inner), _shape(node)))
 
 
 def _identity_permute(node: Node) -> Replacement | None:
@@ -184,13 +133,13 @@ def _identity_permute(node: Node) -> Replacement | None:
 
 def _transpose_pair(node: Node) -> Replacement | None:
     # transpose(transpose(x, a, b), a, b) -> x   (also with a and b swapped)
-    inner = _call(node.args[0], _TRANSPOSE) if _call(node, _TRANSPOSE) else None
+    inner = _call(_input(node), _TRANSPOSE) if _call(node, _TRANSPOSE) else None
     return _input(inner) if inner is not None and _perm(inner) == _perm(node) else None
 
 
 def _permute_chain(node: Node) -> Replacement | None:
     # permute(permute(x, p), q) -> permute(x, [p[q[0]], ..., p[q[n-1]]])  (-> x if that is identity)
-    inner = _call(node.args[0], _PERMUTES) if _call(node, _PERMUTES) else None
+    inner = _call(_input(node), _PERMUTES) if _call(node, _PERMUTES) else None
     if inner is None:
         return None
     p, q = _perm(inner), _perm(node)
@@ -202,8 +151,8 @@ def _permute_chain(node: Node) -> Replacement | None:
 
 def _view_of_copy(node: Node) -> Replacement | None:
     # view(clone(x), s) -> reshape(x, s)   (reshape copies exactly when x's layout cannot be viewed)
-    inner = _call(node.args[0], _COPIES) if _call(node, _VIEWS) else None
-    return NewNode(aten.reshape.default, (_input(inner), *_args(node)[1:])) if inner else None
+    inner = _call(_input(node), _COPIES) if _call(node, _VIEWS) else None
+    return NewNode(aten.reshape.default, (_input(inner), _shape(node))) if inner else None
 
 
 def _clone(node: Node) -> Replacement | None:
@@ -214,10 +163,12 @@ def _clone(node: Node) -> Replacement | None:
 
 def _same_dtype_copy(node: Node) -> Replacement | None:
     # _to_copy(x, dtype=dtype(x)) -> x     (no layout, device or memory-format change)
-    if not _call(node, _TO_COPY) or len(node.args) != 1 or _feeds_view(node):
+    if not _call(node, _TO_COPY) or _feeds_view(node):
         return None
     x = _input(node)
-    for key, value in node.kwargs.items():
+    for key, value in bind(node).items():  # every argument but self is keyword-only
+        if key == "self":
+            continue
         if key == "dtype":
             if value is not None and value != x.meta["tensor"].dtype:
                 return None
@@ -230,7 +181,7 @@ def _mul_by_one(node: Node) -> Replacement | None:
     # x * 1 -> x ; 1 * x -> x     (exact for every value, -0.0, inf and NaN included)
     if not _call(node, _MUL) or _feeds_view(node):
         return None
-    a, b = _args(node)[:2]
+    a, b = bind(node).self, bind(node).other
     if _is_one(b) and isinstance(a, Node):
         return a
     if _is_one(a) and isinstance(b, Node):
@@ -240,7 +191,7 @@ def _mul_by_one(node: Node) -> Replacement | None:
 
 def _div_by_one(node: Node) -> Replacement | None:
     # x / 1 -> x      (true division only; the walker rejects int x, whose x / 1 is float)
-    matches = _call(node, _DIV) and _is_one(node.args[1]) and not node.kwargs
+    matches = _call(node, _DIV) and _is_one(bind(node).other) and not node.kwargs
     return _input(node) if matches and not _feeds_view(node) else None
 
 

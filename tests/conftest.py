@@ -1,10 +1,8 @@
-"""Shared fixtures: the example models, loaded by file path (examples/ is not a package)."""
+"""Shared fixtures: the example models (tests/support/examples.py) and small Hugging Face models."""
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 
 # The cuda backend's Triton kernels are tested on CPU tensors in Triton's interpreter, which
 # Triton selects when it is imported (torch.export imports it), so it is set before anything
@@ -16,32 +14,16 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     os.environ["XLA_FLAGS"] = (
         os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
     ).strip()
-from pathlib import Path
 
 import pytest
 
-import portable
-
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
-# file stem -> decorated name
-EXAMPLE_NAMES = {"mlp": "MLP", "gpt": "GPT", "llama": "Llama", "cnn": "CNN", "moe": "MoE"}
-
-
-def _load_spec(stem: str) -> portable.ModelSpec:
-    name = f"_portable_example_{stem}"
-    module = sys.modules.get(name)
-    if module is None:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES_DIR / f"{stem}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return portable.spec_of(getattr(module, EXAMPLE_NAMES[stem]))
+from tests.support import load_spec
 
 
 @pytest.fixture
 def example_spec():
     """`example_spec("gpt")` -> the ModelSpec of examples/gpt.py:GPT."""
-    return _load_spec
+    return load_spec
 
 
 # Hugging Face models built from small configs (no downloads), shared by the HF, xla and scale

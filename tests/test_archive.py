@@ -29,9 +29,9 @@ from portable.ir.serialize import (
     program_to_json,
 )
 from portable.optim import AdamW
+from tests.support import EXAMPLES
 
 FIXTURE = Path(__file__).resolve().parent / "fixtures" / "archive_v1"
-EXAMPLES = ("mlp", "gpt", "llama", "cnn", "moe")
 
 
 # --- models ---------------------------------------------------------------------------------

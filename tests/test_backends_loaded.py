@@ -27,6 +27,7 @@ import torch
 
 import portable
 from portable.backends import Target, get_backend
+from tests.support import EXAMPLES
 
 pytest.importorskip("jax")
 pytest.importorskip("triton")
@@ -36,10 +37,9 @@ from portable.backends.cuda import CudaBackend, CudaOptions  # noqa: E402
 
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
 REPO = Path(__file__).resolve().parents[1]
-STEMS = ("mlp", "gpt", "llama", "cnn", "moe")
 BACKENDS = ("cpu", "xla", "neuron", "cuda", "onnx")
-ONNX_STEMS = STEMS if FULL else ("mlp", "gpt")  # one export costs seconds whatever the model
-TRAINED_STEMS = STEMS if FULL else ("mlp", "cnn")  # training steps run on every backend here
+ONNX_STEMS = EXAMPLES if FULL else ("mlp", "gpt")  # one export costs seconds whatever the model
+TRAINED_STEMS = EXAMPLES if FULL else ("mlp", "cnn")  # training steps run on every backend here
 
 
 def _same_program(program: portable.Program, tmp_path: Path) -> portable.Program:
@@ -86,7 +86,7 @@ def _results(impl, lowered, inputs) -> list[torch.Tensor]:
 
 
 @pytest.mark.parametrize("kind", ["inference", "training"])
-@pytest.mark.parametrize("stem", STEMS)
+@pytest.mark.parametrize("stem", EXAMPLES)
 def test_a_loaded_archive_lowers_and_runs_as_its_fresh_capture(example_spec, stem, kind, tmp_path):
     spec = example_spec(stem)
     fresh = portable.capture_spec(spec, training=kind == "training")

@@ -9,8 +9,7 @@ import torch
 import portable
 from portable import InputKind, OutputKind, ProgramKind
 from portable.optim import SGD, AdamW, to_torch
-
-EXAMPLES = ["mlp", "gpt", "llama", "cnn", "moe"]
+from tests.support import EXAMPLES
 
 
 @pytest.mark.parametrize("stem", EXAMPLES)

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import json
-import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +19,7 @@ import portable
 from portable.backends import Target, get_backend
 from portable.errors import ArchiveError, BackendError
 from portable.ir.program import ProgramKind
+from tests.support import EXAMPLES, load_spec
 
 pytest.importorskip("triton")
 
@@ -27,16 +27,12 @@ from portable.backends.cuda import CudaBackend, CudaOptions, load_pt2  # noqa: E
 from portable.backends.cuda.lowering import export_graph, retarget_devices  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-EXAMPLES = ("mlp", "cnn", "gpt", "llama", "moe")
 aten = torch.ops.aten
 
 
 @functools.cache
 def _spec(stem: str):
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import _load_spec
-
-    return _load_spec(stem)
+    return load_spec(stem)
 
 
 @functools.cache

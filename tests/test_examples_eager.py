@@ -9,17 +9,13 @@ expected shape, a finite scalar loss whose backward reaches every trainable para
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
-import sys
-from pathlib import Path
 
 import pytest
 import torch
 
 from portable.capture.decorator import ModelSpec, spec_of
 from portable.optim import SGD, AdamW
-
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
+from tests.support import EXAMPLES_DIR, load_example
 
 # file stem -> (decorated name, inference output shape, optimizer type)
 EXAMPLES = {
@@ -29,25 +25,6 @@ EXAMPLES = {
     "cnn": ("CNN", (8, 10), SGD),
     "moe": ("MoE", (4, 8, 10), AdamW),
 }
-
-_loaded: dict[str, object] = {}
-
-
-def load_example(stem: str):
-    """Import `examples/<stem>.py` by path (once) and return the module."""
-    if stem not in _loaded:
-        name = f"_portable_example_{stem}"
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES_DIR / f"{stem}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module  # dataclasses look their module up in sys.modules
-        try:
-            spec.loader.exec_module(module)
-        except BaseException:
-            sys.modules.pop(name, None)
-            raise
-        _loaded[stem] = module
-    return _loaded[stem]
 
 
 def example_spec(stem: str) -> ModelSpec:

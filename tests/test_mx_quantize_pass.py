@@ -9,11 +9,9 @@ models' own `nn.Linear` modules and the recipe's contraction dims, not from the 
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
 import operator
-from pathlib import Path
 
 import pytest
 import torch
@@ -26,23 +24,12 @@ from portable.cli import main
 from portable.ir.source import source_of
 from portable.passes import PassManager, parse_pass, parse_pipeline, registry
 from portable.passes.mx_quantize import MXQuantize, mx_error_report, sqnr_db
+from tests.support import filecheck
 
 aten = torch.ops.aten
 Q = torch.ops.portable.mx_quantize.default
 DQ = torch.ops.portable.mx_dequantize.default
 GEMMS = ("forward", "input_grad", "weight_grad")
-
-
-def _filecheck():
-    """tests/test_passes.py's FileCheck (test modules are not importable as a package)."""
-    path = Path(__file__).with_name("test_passes.py")
-    spec = importlib.util.spec_from_file_location("_mx_test_passes", path)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.filecheck
-
-
-filecheck = _filecheck()
 
 
 # ---- helpers ---------------------------------------------------------------------------------

@@ -39,10 +39,10 @@ from portable.backends.neuron.validate import validate
 from portable.errors import BackendError
 from portable.ir.signature import InputKind
 from portable.runtime import Executable
+from tests.support import EXAMPLES, load_spec
 
 REPO = Path(__file__).resolve().parents[1]
 FAKE_COMPILER = REPO / "tests" / "fixtures" / "fake_neuronx_cc"
-EXAMPLES = ("mlp", "cnn", "gpt", "llama", "moe")
 CASES = [(stem, kind) for stem in EXAMPLES for kind in ("inference", "training")]
 IDS = [f"{stem}-{kind}" for stem, kind in CASES]
 
@@ -52,10 +52,7 @@ IDS = [f"{stem}-{kind}" for stem, kind in CASES]
 
 @functools.cache
 def _spec(stem: str):
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import _load_spec
-
-    return _load_spec(stem)
+    return load_spec(stem)
 
 
 @functools.cache

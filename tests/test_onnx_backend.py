@@ -26,13 +26,13 @@ from portable.cli import ExitCode, main
 from portable.opset import op_name
 from portable.passes import PassManager, parse_pipeline
 from portable.testing import assert_parity, compare
+from tests.support import EXAMPLES
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
 pytest.importorskip("onnxscript")
 
 P = torch.ops.portable
-EXAMPLES = ["mlp", "gpt", "llama", "cnn", "moe"]
 TOL = {"rtol": 1e-5, "atol": 1e-6}
 FUSED_MX = "softmax-fusion,mx-quantize{mode=fake}"
 # every linear layer, the first and last too (the MLP has only those two)

@@ -10,10 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import importlib.util
-import re
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -30,52 +26,13 @@ from portable.passes import (
 )
 from portable.passes.canonicalize import Canonicalize
 from portable.passes.dce import DeadCodeElimination
+from tests.support import EXAMPLES, filecheck, load_spec
 
 aten = torch.ops.aten
-EXAMPLES_DIR = Path(__file__).resolve().parents[1] / "examples"
-EXAMPLES = {"mlp": "MLP", "cnn": "CNN", "gpt": "GPT", "llama": "Llama", "moe": "MoE"}
 PIPELINES = ["dce", "canonicalize", "canonicalize,dce"]
 
 
 # ---- helpers ---------------------------------------------------------------------------------
-
-
-def filecheck(text: str, checks: str) -> None:
-    """A small FileCheck: `CHECK: s` lines must appear in order (each on a later line than the
-    previous match); `CHECK-NOT: s` must not appear between the surrounding CHECK matches;
-    `CHECK-NEXT: s` must be on the line right after the previous match. `{{re}}` is a regex,
-    the rest of a pattern is literal."""
-    lines = text.splitlines()
-    pos, pending_not, last = 0, [], -1
-
-    def regex(pattern: str) -> re.Pattern:
-        parts = re.split(r"\{\{(.*?)\}\}", pattern)
-        return re.compile("".join(p if i % 2 else re.escape(p) for i, p in enumerate(parts)))
-
-    def forbid(pats: list[str], start: int, end: int) -> None:
-        for p in pats:
-            for line in lines[start:end]:
-                assert not regex(p).search(line), f"CHECK-NOT: {p!r} matched {line!r} in:\n{text}"
-
-    for raw in checks.strip().splitlines():
-        kind, _, pattern = raw.strip().partition(":")
-        pattern = pattern.strip()
-        if kind == "CHECK-NOT":
-            pending_not.append(pattern)
-            continue
-        if kind == "CHECK-NEXT":
-            assert last >= 0 and last + 1 < len(lines) and regex(pattern).search(lines[last + 1]), (
-                f"CHECK-NEXT: {pattern!r} is not on the line after {lines[last]!r} in:\n{text}"
-            )
-            forbid(pending_not, pos, last + 1)
-            pending_not, last, pos = [], last + 1, last + 2
-            continue
-        assert kind == "CHECK", f"bad check line {raw!r}"
-        found = next((i for i in range(pos, len(lines)) if regex(pattern).search(lines[i])), None)
-        assert found is not None, f"CHECK: {pattern!r} not found after line {pos} in:\n{text}"
-        forbid(pending_not, pos, found)
-        pending_not, last, pos = [], found, found + 1
-    forbid(pending_not, pos, len(lines))
 
 
 def run_passes(
@@ -114,21 +71,9 @@ def ops(program: portable.Program) -> list[str]:
     return [str(n.target) for n in program.graph.nodes if n.op == "call_function"]
 
 
-def load_example(stem: str):
-    name = f"_portable_passes_example_{stem}"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, EXAMPLES_DIR / f"{stem}.py")
-        assert spec is not None and spec.loader is not None
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
 @functools.cache
 def example(stem: str, training: bool) -> tuple[portable.Program, tuple]:
-    spec = getattr(load_example(stem), EXAMPLES[stem]).__portable__
-    assert isinstance(spec, portable.ModelSpec)
+    spec = load_spec(stem)
     program = portable.capture_spec(spec, training=training)
     return program, (spec.batch() if training else spec.inputs())
 
@@ -196,7 +141,7 @@ def add_node(program: portable.Program, target, args, *, before=None, spec=None)
 
 
 @pytest.mark.parametrize("training", [False, True], ids=["inference", "train_step"])
-@pytest.mark.parametrize("stem", list(EXAMPLES))
+@pytest.mark.parametrize("stem", EXAMPLES)
 @pytest.mark.parametrize("pipeline", PIPELINES)
 def test_examples_keep_semantics(stem, training, pipeline):
     program, inputs = example(stem, training)

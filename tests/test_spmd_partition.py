@@ -29,9 +29,9 @@ COLLECTIVES = {
 
 @pytest.fixture(scope="module")
 def programs():
-    from tests.conftest import _load_spec
+    from tests.support import load_spec
 
-    return {stem: training_program(_load_spec(stem))[0] for stem in ("mlp", "gpt", "llama")}
+    return {stem: training_program(load_spec(stem))[0] for stem in ("mlp", "gpt", "llama")}
 
 
 def _local(program, name):

@@ -21,8 +21,8 @@ import torch.nn.functional as F
 
 import portable
 from portable.testing import check_parity
+from tests.support import EXAMPLES
 
-EXAMPLES = ["mlp", "gpt", "llama", "cnn", "moe"]
 STEPS = 5
 OPTIMIZERS = {
     "sgd": lambda: portable.optim.SGD(lr=1e-2, momentum=0.9),

@@ -72,13 +72,12 @@ def loaded_archive_lowers_on_cuda(tmp: Path) -> Outcome:
 
 def loaded_archive_equals_fresh_on_every_backend(tmp: Path) -> Outcome:
     """Lowered texts of a loaded GPT equal the fresh capture's on cpu/xla/neuron/cuda/onnx."""
-    sys.path.insert(0, str(REPO / "tests"))
-    from conftest import _load_spec
-
+    sys.path.insert(0, str(REPO))
     import portable
     from portable.backends import Target, get_backend
+    from tests.support import load_spec
 
-    fresh = portable.capture_spec(_load_spec("gpt"))
+    fresh = portable.capture_spec(load_spec("gpt"))
     loaded = portable.load(fresh.save(tmp / "gpt.portable"))
     for name in ("cpu", "xla", "neuron", "cuda", "onnx"):
         try:

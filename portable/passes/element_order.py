@@ -18,6 +18,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from portable.opset import bind
 from portable.opset.table import IDENTITY, PERMUTE, RESHAPE, UNIT_DIM, ops_with
 
 __all__ = ["LAYOUT_OPS", "keeps_order", "layout_chain"]
@@ -75,8 +76,9 @@ def _reshape(dims: _Dims, shape: tuple[int, ...]) -> _Dims | None:
 
 def _perm(node: Node, rank: int) -> list[int]:
     if node.target is aten.permute.default:
-        return [d % rank for d in typing.cast(list, node.args[1])]
-    a, b = (0, 1) if node.target is aten.t.default else (int(node.args[1]), int(node.args[2]))
+        return [d % rank for d in typing.cast(list, bind(node).dims)]
+    args = bind(node)
+    a, b = (0, 1) if node.target is aten.t.default else (int(args.dim0), int(args.dim1))
     perm = list(range(rank))
     perm[a % rank], perm[b % rank] = perm[b % rank], perm[a % rank]
     return perm
@@ -100,7 +102,7 @@ def layout_chain(node: Node, is_source: Any) -> list[Node] | str:
         head = chain[0]
         if not (head.op == "call_function" and head.target in LAYOUT_OPS):
             return f"%{head.name} ({head.target})"
-        up = head.args[0]
+        up = bind(head).self  # every layout op transforms its `self`
         if not isinstance(up, Node):
             return f"%{head.name} ({head.target})"
         if len(up.users) != 1:
@@ -126,7 +128,7 @@ def _same_shape(node: Node) -> bool:
     """A clone, alias or expand to its input's own shape (an identity on the elements)."""
     if node.target not in _IDENTITY:
         return False
-    return _shape(typing.cast(Node, node.args[0])) == _shape(node)
+    return _shape(bind(node).node("self")) == _shape(node)
 
 
 def _merged(dims: _Dims) -> list[_Atom]:

@@ -40,14 +40,14 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
 from portable import mx
 from portable.errors import PassError
 from portable.ir.program import Program
+from portable.ir.rewriter import Rewriter
 from portable.ir.signature import TensorSpec
-from portable.opset import op_name
+from portable.opset import bind
 from portable.opset.mx_ops import codes_shape, scales_shape
 from portable.opset.table import PERMUTE, ops_with
 from portable.runtime import flatten_inputs
@@ -214,7 +214,7 @@ class MXQuantize(Pass):
             )
         old, node.args = node.args, tuple(args)
         for value in old:
-            _erase_dead(value)
+            Rewriter(graph).erase_dead(value)
         return records
 
     def _qdq(self, graph: torch.fx.Graph, x: Node, axis: int, gemm: Node) -> tuple[Node, Node]:
@@ -223,21 +223,26 @@ class MXQuantize(Pass):
         shape, fmt = list(spec.shape), self.format
         codes_spec = TensorSpec(tuple(codes_shape(shape, fmt, axis)), torch.uint8)
         scales_spec = TensorSpec(tuple(scales_shape(shape, axis, BLOCK_SIZE)), torch.uint8)
-        portable = torch.ops.portable
+        portable, r = torch.ops.portable, Rewriter(graph)
         with graph.inserting_before(gemm):
-            q = _call(
+            # new ops carry the GEMM's source and a fake value where their inputs have one
+            q = r.call(
                 portable.mx_quantize.default,
                 (x, fmt, axis, self.scale),
-                (codes_spec, scales_spec),
-                gemm,
+                tensor=(codes_spec, scales_spec),
+                like=gemm,
+                fake="available",
             )
-            codes = _call(operator.getitem, (q, 0), codes_spec, gemm)
-            scales = _call(operator.getitem, (q, 1), scales_spec, gemm)
-            dq = _call(
+            codes = r.call(operator.getitem, (q, 0), tensor=codes_spec, like=gemm, fake="available")
+            scales = r.call(
+                operator.getitem, (q, 1), tensor=scales_spec, like=gemm, fake="available"
+            )
+            dq = r.call(
                 portable.mx_dequantize.default,
                 (codes, scales, fmt, axis, spec.dtype),
-                spec,
-                gemm,
+                tensor=spec,
+                like=gemm,
+                fake="available",
             )
         return q, dq
 
@@ -270,61 +275,24 @@ def _through_transposes(value: Node) -> tuple[Node, bool]:
         and value.target in _TRANSPOSES
         and len(value.meta["tensor"].shape) == 2
     ):
-        args: tuple[Any, ...] = tuple(value.args)
+        args = bind(value)
         if value.target is aten.permute.default:
-            swap = [d % 2 for d in args[1]] == [1, 0]
+            swap = [d % 2 for d in args.dims] == [1, 0]
         elif value.target is aten.transpose.int:
-            swap = args[1] % 2 != args[2] % 2
+            swap = args.dim0 % 2 != args.dim1 % 2
         else:
             swap = True
         swapped ^= swap
-        value = typing.cast(Node, value.args[0])
+        value = args.node("self")
     return value, swapped
 
 
 def _transpose(graph: torch.fx.Graph, x: Node, gemm: Node) -> Node:
     spec = x.meta["tensor"]
-    with graph.inserting_before(gemm):
-        return _call(aten.t.default, (x,), TensorSpec(spec.shape[::-1], spec.dtype), gemm)
-
-
-def _call(target: Any, args: tuple[Any, ...], tensor: Any, gemm: Node) -> Node:
-    """A new op at the graph's insertion point, named like capture names it (%mx_quantize_1,
-    %getitem_5, %t_2), with `meta["tensor"]`, the GEMM's `meta["source"]` and, when its inputs
-    have one, a fake-tensor `meta["val"]` (what torch.export records; backends may read it)."""
-    name = "getitem" if target is operator.getitem else op_name(target).split(".")[1]
-    node = gemm.graph.create_node("call_function", target, args, name=name)
-    node.meta["tensor"] = tensor
-    if "source" in gemm.meta:
-        node.meta["source"] = gemm.meta["source"]
-    val = _fake_value(target, args)
-    if val is not None:
-        node.meta["val"] = val
-    return node
-
-
-def _fake_value(target: Any, args: tuple[Any, ...]) -> Any:
-    """`target` applied to the inputs' fake values (None if an input has none)."""
-    vals = [a.meta.get("val") if isinstance(a, Node) else a for a in args]
-    if any(isinstance(a, Node) and v is None for a, v in zip(args, vals, strict=True)):
-        return None
-    if target is operator.getitem:  # of mx_quantize's (codes, scales)
-        return typing.cast(tuple, vals[0])[typing.cast(int, vals[1])]
-    fake = next((v for v in vals if isinstance(v, FakeTensor)), None)
-    if fake is None:
-        return None
-    with fake.fake_mode:
-        return target(*vals)
-
-
-def _erase_dead(node: object) -> None:
-    """Erase `node` if nothing uses it any more, then its inputs likewise (the old operand
-    chains a rewrite replaced: `t(W)` once every GEMM takes `t(dq(W))`)."""
-    if isinstance(node, Node) and node.op == "call_function" and not node.users:
-        inputs = node.all_input_nodes
-        node.graph.erase_node(node)
-        for value in inputs:
-            _erase_dead(value)
+    t_spec = TensorSpec(spec.shape[::-1], spec.dtype)
+    return Rewriter(graph).call(
+        aten.t.default, (x,), tensor=t_spec, like=gemm, fake="available", before=gemm
+    )
 
 
 def _brief(record: object) -> str:
@@ -403,6 +371,6 @@ class _Recorder(torch.fx.Interpreter):
         result = super().run_node(n)
         if n.name in self.wanted:
             is_quantize = n.target is torch.ops.portable.mx_quantize.default
-            x = self.env[typing.cast(Node, n.args[0])] if is_quantize else None
+            x = self.env[bind(n).node("x")] if is_quantize else None
             self.values[n.name] = result if x is None else x  # a quantize's input
         return result

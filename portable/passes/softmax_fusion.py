@@ -27,16 +27,15 @@ import dataclasses
 import operator
 import typing
 from collections import Counter
-from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensor
 from torch.fx import Node
 
 from portable.ir.program import Program, ProgramKind
-from portable.ir.signature import InputKind, TensorSpec
-from portable.opset import op_name
+from portable.ir.rewriter import Rewriter
+from portable.ir.signature import InputKind
+from portable.opset import bind
 
 from . import attention_patterns as ap
 from .base import Pass, PassResult
@@ -128,27 +127,29 @@ def _where(node: Node) -> str:
 def _rewrite_attention(graph: torch.fx.Graph, m: ap.Attention) -> None:
     # softmax(q @ k^T * c + m) @ v -> attention(q, k, v, m, scale=c); the backward's bmm's
     # (dV, dQ, dK^T) -> attention_backward(dO, q, k, v, m, scale=c)
+    r = Rewriter(graph)
     like = m.softmax
     with graph.inserting_before(m.out3):
-        k = _operand(graph, m.k, like)
+        k = _operand(graph, m.k, like=like)
         if m.k_perm is not None:
-            k = _new(graph, aten.permute.default, (k, m.k_perm), like)
-        mask = _mask(graph, m.masks, m.negate, like)
-        q, v = _operand(graph, m.q, like), _operand(graph, m.v, like)
+            k = r.call(aten.permute.default, (k, m.k_perm), like=like)
+        mask = _mask(graph, m.masks, m.negate, like=like)
+        q, v = _operand(graph, m.q, like=like), _operand(graph, m.v, like=like)
         args = (q, k, v, mask, m.is_causal, m.scale)
-        att = _row_major(graph, _new(graph, portable.attention.default, args, like), like)
+        att = _row_major(graph, r.call(portable.attention.default, args, like=like), like=like)
     dead = [m.out3]
-    _replace_batched(graph, m.out3, att, like)
+    _replace_batched(graph, m.out3, att, like=like)
     if m.backward is not None:
-        dead += _rewrite_backward(graph, m, args, like)
+        dead += _rewrite_backward(graph, m, args, like=like)
     for node in dead:
-        _erase_dead(node)
+        r.erase_dead(node)
 
 
 def _rewrite_backward(graph: torch.fx.Graph, m: ap.Attention, args: tuple, like: Node) -> list:
     # the backward's bmm's (dV, dQ, dK^T) -> attention_backward(dO, q, k, v, m, scale=c); with a
     # trainable mask, attention_backward.mask_grad(dO, q, k, v, expand(m, [B, H, Lq, Lk]), ...)
     # whose dmask is the score gradient the mask's own gradient reads
+    r = Rewriter(graph)
     bw = typing.cast(ap.Backward, m.backward)
     order = {n: i for i, n in enumerate(graph.nodes)}
     readers = list(bw.d_scores.users) if bw.d_scores is not None else []
@@ -156,62 +157,66 @@ def _rewrite_backward(graph: torch.fx.Graph, m: ap.Attention, args: tuple, like:
     with graph.inserting_before(first):
         d_out = ap.logical(bw.d_out3, m.out_shape)
         if d_out is None:
-            d_out = _new(graph, aten.reshape.default, (bw.d_out3, list(m.out_shape)), like)
+            d_out = r.call(aten.reshape.default, (bw.d_out3, list(m.out_shape)), like=like)
         if bw.d_scores is None:
-            grads = _new(graph, portable.attention_backward.default, (d_out, *args), like)
+            grads = r.call(portable.attention_backward.default, (d_out, *args), like=like)
         else:
             full = [*m.out_shape[:3], ap.shape(m.softmax)[-1]]
-            mask = _new(graph, aten.expand.default, (args[3], full), like)
+            mask = r.call(aten.expand.default, (args[3], full), like=like)
             args = (*args[:3], mask, *args[4:])
-            grads = _new(graph, portable.attention_backward.mask_grad, (d_out, *args), like)
-        dq, dk, dv = (_new(graph, operator.getitem, (grads, i), like) for i in range(3))
+            grads = r.call(portable.attention_backward.mask_grad, (d_out, *args), like=like)
+        dq, dk, dv = (r.call(operator.getitem, (grads, i), like=like) for i in range(3))
         # dK^T in the bmm's (contiguous) layout: the graph's views of it need that layout
-        dkt = _new(graph, aten.transpose.int, (dk, -2, -1), like)
-        dkt = _new(graph, aten.clone.default, (dkt,), like, _CONTIGUOUS)
+        dkt = r.call(aten.transpose.int, (dk, -2, -1), like=like)
+        dkt = r.call(aten.clone.default, (dkt,), _CONTIGUOUS, like=like)
         if bw.d_scores is not None:
-            bw.d_scores.replace_all_uses_with(_new(graph, operator.getitem, (grads, 3), like))
-    _replace_batched(graph, bw.dq3, dq, like)
-    _replace_batched(graph, bw.dv3, dv, like)
-    _replace_batched(graph, bw.dkt3, dkt, like)
+            bw.d_scores.replace_all_uses_with(r.call(operator.getitem, (grads, 3), like=like))
+    _replace_batched(graph, bw.dq3, dq, like=like)
+    _replace_batched(graph, bw.dv3, dv, like=like)
+    _replace_batched(graph, bw.dkt3, dkt, like=like)
     return [bw.dq3, bw.dv3, bw.dkt3, dkt, bw.d_scores]
 
 
 def _operand(graph: torch.fx.Graph, x: Node | ap.Flat, like: Node) -> Node:
     # Flat(x3, [B, H, L, D]) -> reshape(x3, [B, H, L, D])
+    r = Rewriter(graph)
     if isinstance(x, Node):
         return x
-    return _new(graph, aten.reshape.default, (x.node, list(x.shape)), like)
+    return r.call(aten.reshape.default, (x.node, list(x.shape)), like=like)
 
 
 def _mask(graph: torch.fx.Graph, masks: list[Node], negate: bool, like: Node) -> Node | None:
     # [m1, m2, ...] (additive, in the order added) -> m1 + m2 + ... ;  ~b when negated
+    r = Rewriter(graph)
     if not masks:
         return None
     mask = masks[0]
     for more in masks[1:]:
-        mask = _new(graph, aten.add.Tensor, (mask, more), like)
-    return _new(graph, aten.bitwise_not.default, (mask,), like) if negate else mask
+        mask = r.call(aten.add.Tensor, (mask, more), like=like)
+    return r.call(aten.bitwise_not.default, (mask,), like=like) if negate else mask
 
 
 def _row_major(graph: torch.fx.Graph, att: Node, like: Node) -> Node:
     """`att` in the row-major layout of the bmm it replaces, which later views may rely on
     (attention's own layout follows q's when SDPA would take its fused kernel)."""
+    r = Rewriter(graph)
     val = att.meta["val"]
     if val.is_contiguous():
         return att
-    return _new(graph, aten.clone.default, (att,), like, _CONTIGUOUS)
+    return r.call(aten.clone.default, (att,), _CONTIGUOUS, like=like)
 
 
 def _replace_batched(graph: torch.fx.Graph, old3: Node, new: Node, like: Node) -> None:
     """Make `old3` ([B*H, L, D], a bmm) `new` ([B, H, L, D]) flattened: its reshapes back to
     [B, H, L, D] become `new`, other users get reshape(new, [B*H, L, D])."""
+    r = Rewriter(graph)
     for user in list(old3.users):
         if ap.is_op(user, ap.RESHAPES) and ap.shape(user) == ap.shape(new):
             user.replace_all_uses_with(new)
             graph.erase_node(user)
     if old3.users:
         with graph.inserting_before(next(iter(old3.users))):
-            flat = _new(graph, aten.reshape.default, (new, list(ap.shape(old3))), like)
+            flat = r.call(aten.reshape.default, (new, list(ap.shape(old3))), like=like)
         old3.replace_all_uses_with(flat)
 
 
@@ -222,6 +227,7 @@ def _rewrite_scale_mask(
     graph: torch.fx.Graph, softmax: Node, counts: Counter[str], constants: dict[Node, float]
 ) -> bool:
     # softmax(x * c + m, dim) -> scale_mask_softmax(x, m, c, dim)   (m after the scale)
+    r = Rewriter(graph)
     sm = ap.match_scale_mask(softmax, constants)
     if isinstance(sm, ap.Miss) or (sm.mask is None and sm.scale == 1.0):
         return False
@@ -239,70 +245,14 @@ def _rewrite_scale_mask(
         return False
     with graph.inserting_before(softmax):
         mask = _mask(graph, sm.masks, sm.negate, softmax)
-        dim = typing.cast(int, softmax.args[1])
-        fused = _new(
-            graph, portable.scale_mask_softmax.default, (sm.x, mask, sm.scale, dim), softmax
+        dim = typing.cast(int, bind(softmax).dim)
+        fused = r.call(
+            portable.scale_mask_softmax.default, (sm.x, mask, sm.scale, dim), like=softmax
         )
     softmax.replace_all_uses_with(fused)
-    _erase_dead(softmax)
+    r.erase_dead(softmax)
     counts["scale-mask-softmax"] += 1
     return True
 
 
-# ---- node creation -------------------------------------------------------------------------
-
-
 _CONTIGUOUS = {"memory_format": torch.contiguous_format}
-
-
-def _new(
-    graph: torch.fx.Graph,
-    target: Any,
-    args: tuple[Any, ...],
-    like: Node,
-    kwargs: dict[str, Any] | None = None,
-) -> Node:
-    """A new op at the insertion point with meta["val"] (fake), meta["tensor"] and `like`'s
-    meta["source"]."""
-    name = "getitem" if target is operator.getitem else op_name(target).split(".")[1]
-    node = graph.create_node("call_function", target, args, kwargs or {}, name=name)
-    val = _fake_value(target, args, kwargs or {})
-    node.meta["val"] = val
-    if isinstance(val, tuple):
-        node.meta["tensor"] = tuple(TensorSpec.of(v) for v in val)
-    else:
-        node.meta["tensor"] = TensorSpec.of(val)
-    if "source" in like.meta:
-        node.meta["source"] = like.meta["source"]
-    return node
-
-
-def _fake_value(target: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    vals = [a.meta.get("val") if isinstance(a, Node) else a for a in args]
-    if target is operator.getitem:
-        return typing.cast(tuple, vals[0])[typing.cast(int, vals[1])]
-    fake = next((v for v in vals if isinstance(v, FakeTensor)), None)
-    if fake is None:
-        vals = [_fake_from_spec(a) if isinstance(a, Node) else a for a in args]
-        return target(*vals, **kwargs)
-    with fake.fake_mode:
-        vals = [
-            _fake_from_spec(a, fake.fake_mode) if isinstance(a, Node) and v is None else v
-            for a, v in zip(args, vals, strict=True)
-        ]
-        return target(*vals, **kwargs)
-
-
-def _fake_from_spec(node: Node, mode: Any = None) -> Any:
-    spec = node.meta["tensor"]
-    t = torch.empty(spec.shape, dtype=spec.dtype, device="meta")
-    return mode.from_tensor(t) if mode is not None else t
-
-
-def _erase_dead(node: object) -> None:
-    """Erase `node` if nothing uses it any more, then its inputs likewise."""
-    if isinstance(node, Node) and node.op == "call_function" and not node.users:
-        inputs = node.all_input_nodes
-        node.graph.erase_node(node)
-        for value in inputs:
-            _erase_dead(value)

@@ -12,7 +12,8 @@ Contract: `format_program(parse_program(text)) == text` for every text `format_p
 program is what an archive round trip gives (node names, order, targets, args, `meta["tensor"]`,
 `meta["source"]`), less what the text does not hold:
 
-- weights: every state input gets zeros of its spec unless `weights` supplies them;
+- weights: every state input gets zeros of its spec (one zero broadcast to the shape, so no
+  declared size allocates anything) unless `weights` supplies them;
 - plan and metadata: the default plan and `{name, opset_version}` unless given; no `spmd` layout;
 - a source location is its module path only (no file or line);
 - list and tuple arguments both read back as lists (they print alike);
@@ -20,9 +21,9 @@ program is what an archive round trip gives (node names, order, targets, args, `
 
 Text is read as input from elsewhere: ops resolve through the opset table and their arguments
 are checked against its schema, literals come from a fixed grammar (never `eval`), names are
-plain identifiers (`portable.ir.grammar`), list nesting and weight sizes are bounded. Every
-failure is a `VerifyError` naming the line. Semantic checks (shape rules, dtypes) are
-`portable.verify`'s: call it on the result.
+plain identifiers (`portable.ir.grammar`), list nesting is bounded, and no size declared in it
+allocates. Every failure is a `VerifyError` naming the line. Semantic checks (shape rules,
+dtypes) are `portable.verify`'s: call it on the result.
 
 Lines, in this order (blank lines and lines starting with `#` are ignored):
 
@@ -52,7 +53,6 @@ import torch
 import torch.fx
 
 from ..errors import VerifyError
-from ..limits import check_tensor_bytes
 from ..opset import OPSET_VERSION, OpDef, opset_table
 from .grammar import BUILTIN_NAMES, bad_identifier, bad_program_name, bad_text
 from .plan import Plan
@@ -459,7 +459,9 @@ def _dim(line: _Line, text: str) -> int | str:
 def _weights(
     signature: Signature, lines: Mapping[str, _Line], given: Mapping[str, torch.Tensor]
 ) -> dict[str, torch.Tensor]:
-    """`given`'s weights, and zeros of the spec for every other state input's target."""
+    """`given`'s weights, and zeros of the spec for every other state input's target (a 0-d
+    zero expanded to the shape: a declared size allocates nothing; whoever materializes it,
+    a backend or `save`, does so under `portable.limits`)."""
     weights = dict(given)
     for spec in signature.state_inputs:
         if spec.target is None or spec.target in weights:
@@ -471,8 +473,5 @@ def _weights(
                 fix="pass its weight in parse_program(..., weights={...})",
             )
         shape = tuple(int(d) for d in spec.spec.shape)
-        check_tensor_bytes(
-            shape, spec.spec.dtype, f"weight {spec.target} (IR text line {line.number})"
-        )
-        weights[spec.target] = torch.zeros(shape, dtype=spec.spec.dtype)
+        weights[spec.target] = torch.zeros((), dtype=spec.spec.dtype).expand(shape)
     return weights

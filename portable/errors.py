@@ -94,7 +94,7 @@ class BackendError(PortableError):
 class LoweringError(BackendError):
     """An op has no lowering rule for a backend."""
 
-    def __init__(self, what: str, *, backend: str, **kw) -> None:
+    def __init__(self, what: str, *, backend: str, **kw: str | None) -> None:
         self.backend = backend
         super().__init__(what, **kw)
 
@@ -115,7 +115,9 @@ class PlanError(PortableError):
 class PassError(PortableError):
     """A pass failed or left invalid IR; `history` lists the passes applied before it."""
 
-    def __init__(self, what: str, *, pass_name: str, history: tuple[str, ...] = (), **kw) -> None:
+    def __init__(
+        self, what: str, *, pass_name: str, history: tuple[str, ...] = (), **kw: str | None
+    ) -> None:
         self.pass_name = pass_name
         self.history = tuple(history)
         if history:

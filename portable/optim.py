@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 import torch
@@ -131,7 +131,7 @@ class AdamW(Optimizer):
         return param, {"exp_avg": exp_avg, "exp_avg_sq": exp_avg_sq}
 
 
-def to_torch(optimizer: Optimizer, params) -> torch.optim.Optimizer:
+def to_torch(optimizer: Optimizer, params: Iterable[torch.Tensor]) -> torch.optim.Optimizer:
     """The eager `torch.optim` optimizer with the same hyper-parameters (for reference loops)."""
     if isinstance(optimizer, SGD):
         return torch.optim.SGD(

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class Executable:
         self._state_specs = sig.state_inputs
         # weight key -> current value; updated in place of the dict by training steps
         self.state: dict[str, torch.Tensor] = {
-            s.target: program.weights[s.target] for s in self._state_specs
+            s.key: program.weights[s.key] for s in self._state_specs
         }
         check_program(program)  # static sizes; dynamic ones when a call binds them
         self._checked_bindings: set[tuple[tuple[str, int], ...]] = set()
@@ -52,23 +53,34 @@ class Executable:
     def kind(self) -> ProgramKind:
         return self.program.kind
 
-    def __call__(self, *inputs: torch.Tensor):
+    def __call__(self, *inputs: torch.Tensor) -> Any:
+        """The output tensor (a tuple for several), or a `StepResult` for a training step: the
+        program's kind decides at run time, so the static type is `Any` (as `nn.Module`'s)."""
         flat = self._flatten(inputs)
         self._check_allocations(flat)
         outputs = list(self._fn(flat))
-        sig = self.program.signature
         if self.kind is ProgramKind.TRAINING_STEP:
-            loss = None
-            new_state = dict(self.state)
-            for spec, value in zip(sig.outputs, outputs, strict=True):
-                if spec.kind is OutputKind.LOSS:
-                    loss = value
-                elif spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE):
-                    new_state[spec.target] = value
-            self.state = new_state
-            return StepResult(loss, dict(new_state))
+            return self._step(outputs)
+        sig = self.program.signature
         user = [v for s, v in zip(sig.outputs, outputs, strict=True) if s.kind is OutputKind.OUTPUT]
         return user[0] if len(user) == 1 else tuple(user)
+
+    def _step(self, outputs: Sequence[torch.Tensor]) -> StepResult:
+        """Keep the updated state for the next call; the result has the LOSS output."""
+        loss = None
+        new_state = dict(self.state)
+        for spec, value in zip(self.program.signature.outputs, outputs, strict=True):
+            if spec.kind is OutputKind.LOSS:
+                loss = value
+            elif spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE):
+                new_state[spec.key] = value
+        if loss is None:  # capture always declares one; a hand-built program may not
+            raise InputError(
+                f"training step {self.program.name} has no loss output",
+                fix="declare the loss among the signature's outputs (OutputKind.LOSS)",
+            )
+        self.state = new_state
+        return StepResult(loss, dict(new_state))
 
     def _flatten(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return flatten_inputs(self.program, inputs, self.state)
@@ -134,11 +146,11 @@ def flatten_inputs(
             _check_input(program, spec.name, spec.spec, value)
             flat.append(value)
         else:
-            flat.append(state[spec.target])
+            flat.append(state[spec.key])
     return flat
 
 
-def _check_input(program: Program, name: str, spec: TensorSpec, value) -> None:
+def _check_input(program: Program, name: str, spec: TensorSpec, value: object) -> None:
     symbols = program.metadata.get("symbolic_dims", {})
     if isinstance(value, torch.Tensor):
         for want, have in zip(spec.shape, value.shape, strict=False):
@@ -163,7 +175,7 @@ def storage_problem(value: torch.Tensor) -> str | None:
     return None
 
 
-def _check_signature(program: str, name: str, spec: TensorSpec, value) -> None:
+def _check_signature(program: str, name: str, spec: TensorSpec, value: object) -> None:
     if not isinstance(value, torch.Tensor):
         raise InputError(
             f"input `{name}` of {program} must be a tensor, got {type(value).__name__}",

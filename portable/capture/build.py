@@ -148,7 +148,7 @@ def symbolic_dims(ep: torch.export.ExportedProgram, inputs: list[InputSpec]) -> 
 
     Only symbols that size an input count; torch may track others (unbacked values) that no
     tensor shape uses."""
-    where = {}
+    where: dict[str, str] = {}
     for i in inputs:
         for d, size in enumerate(i.spec.shape):
             if isinstance(size, str):

@@ -158,7 +158,7 @@ def known_remedy(exc: BaseException) -> Remedy | None:
     return None
 
 
-def _chain(exc: BaseException):
+def _chain(exc: BaseException) -> Iterator[BaseException]:
     seen: set[int] = set()
     cur: BaseException | None = exc
     while cur is not None and id(cur) not in seen:
@@ -196,7 +196,7 @@ def user_code_failed(what: str, exc: BaseException, *, fix: str) -> CaptureError
     `@portable` factory, an example-input function): names the exception and the user's line."""
     frames = [f for f in traceback.extract_tb(exc.__traceback__) if is_user_file(f.filename)]
     own = [f for f in frames if not _INSTALLED.search(f.filename)]  # not inside a library
-    frame = (own or frames or [None])[-1]
+    frame = (own or frames)[-1] if own or frames else None
     source = None
     if frame is not None:
         source = f"{frame.filename}:{frame.lineno}" + (

@@ -36,8 +36,9 @@ def refuse_autocast(gm: torch.fx.GraphModule, strip_prefix: str = "") -> None:
 def _refuse(owner: torch.fx.GraphModule, node: torch.fx.Node, strip_prefix: str) -> None:
     # wrap_with_autocast(device_type, dtype, enabled, cache_enabled, body, *operands); `body` is
     # a get_attr of the graph module that holds the node
-    device, dtype = node.args[0], node.args[1]
-    src = _first_user_line(getattr(owner, node.args[4].target), strip_prefix)
+    device, dtype, body = node.args[0], node.args[1], node.args[4]
+    assert isinstance(body, torch.fx.Node) and isinstance(body.target, str)  # a get_attr
+    src = _first_user_line(getattr(owner, body.target), strip_prefix)
     raise CaptureError(
         f"torch.autocast({device}, dtype={dtype}) is not captured yet: mixed precision comes "
         "with training recipes",

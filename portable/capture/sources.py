@@ -73,12 +73,10 @@ def restore_sources(joint: torch.fx.Graph, forward: torch.fx.Graph) -> int:
             for arg in node.all_input_nodes
             if arg in matched or arg.op == "placeholder"
         ]
-        candidates = [c for c in candidates if c is not None and position[c] < position[node]]
-        if not candidates:  # pure gradient plumbing (views, adds): follow the gradient
-            candidates = [
-                a for a in node.all_input_nodes if isinstance(a.meta.get("source"), SourceLoc)
-            ]
-        if candidates:
-            node.meta["source"] = max(candidates, key=position.__getitem__).meta["source"]
+        users = [c for c in candidates if c is not None and position[c] < position[node]]
+        if not users:  # pure gradient plumbing (views, adds): follow the gradient
+            users = [a for a in node.all_input_nodes if isinstance(a.meta.get("source"), SourceLoc)]
+        if users:
+            node.meta["source"] = max(users, key=position.__getitem__).meta["source"]
             count += 1
     return count

@@ -8,6 +8,7 @@ buffer and example input is checked first, and the refusal names the tensor and 
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -29,12 +30,12 @@ _STATE_FIX = {
 def check_tensors(model: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
     """CaptureError for the first parameter, buffer or example input that is not dense with data."""
     owner = type(model).__name__
-    for name, value in model.named_parameters():
-        _check_state(value, f"parameter `{name}` of {owner}")
-    for name, value in model.named_buffers():
-        _check_state(value, f"buffer `{name}` of {owner}")
-    for where, value in _leaves(args, kwargs):
-        problem = storage_problem(value)
+    for name, param in model.named_parameters():
+        _check_state(param, f"parameter `{name}` of {owner}")
+    for name, buffer in model.named_buffers():
+        _check_state(buffer, f"buffer `{name}` of {owner}")
+    for where, leaf in _leaves(args, kwargs):
+        problem = storage_problem(leaf)
         if problem is not None:
             raise CaptureError(f"example input {where} {problem}", fix=_INPUT_FIX)
 
@@ -47,7 +48,7 @@ def _check_state(value: torch.Tensor, what: str) -> None:
         )
 
 
-def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]):
+def _leaves(args: tuple[Any, ...], kwargs: dict[str, Any]) -> Iterator[tuple[str, torch.Tensor]]:
     """(label, tensor) for every tensor in the example inputs: `0`, `0['ids']`, `` `x` ``."""
     labelled = [(str(i), a) for i, a in enumerate(args)]
     labelled += [(f"`{key}`", a) for key, a in kwargs.items()]

@@ -10,6 +10,7 @@ aliasing the input it replaces. Gradients are consumed inside the graph.
 from __future__ import annotations
 
 import re
+import typing
 
 import torch
 import torch.fx
@@ -39,9 +40,11 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
             "the loss does not depend on any trainable parameter",
             fix="check that loss_fn calls the model and that parameters have requires_grad=True",
         )
-    params = {i.target: i for i in sig.inputs_of(InputKind.PARAMETER)}
+    params = {i.key: i for i in sig.inputs_of(InputKind.PARAMETER)}
     out_node = graph.output_node()
-    out_values = dict(zip((o.name for o in sig.outputs), out_node.args[0], strict=True))
+    # the IR's output node returns one flat tuple of nodes (the verifier holds it to that)
+    out_args = typing.cast(tuple[torch.fx.Node, ...], out_node.args[0])
+    out_values = dict(zip((o.name for o in sig.outputs), out_args, strict=True))
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     first_user = next((placeholders[i.name] for i in sig.user_inputs), None)
 
@@ -68,7 +71,7 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     step_node = add_input(STEP_TARGET, torch.zeros((), dtype=torch.float32))
     state_nodes: list[list[torch.fx.Node]] = []
     for grad in grads:
-        param_value = program.weights[grad.target]
+        param_value = program.weights[grad.key]
         init = optimizer.init_state(param_value)
         state_nodes.append(
             [add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in optimizer.state_names]
@@ -78,10 +81,11 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     names = optimizer.state_names
     n = len(grads)
 
-    def update(*flat):
+    def update(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
         ps, gs, step = flat[:n], flat[n : 2 * n], flat[-1]
         ss = flat[2 * n : -1]
-        new_params, new_states = [], []
+        new_params: list[torch.Tensor] = []
+        new_states: list[torch.Tensor] = []
         for i in range(n):
             state = {k: ss[i * len(names) + j] for j, k in enumerate(names)}
             p, s = optimizer.update(ps[i], gs[i], state, step)
@@ -91,23 +95,24 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
 
     # Distinct tensor objects for every input: make_fx keys proxies by tensor identity, so a
     # tensor passed twice would trace as one input.
-    examples = [torch.empty_like(program.weights[g.target]) for g in grads]
-    examples += [torch.empty_like(program.weights[g.target]) for g in grads]
-    examples += [torch.empty_like(weights[s.target]) for s in new_inputs[1:]]
+    examples = [torch.empty_like(program.weights[g.key]) for g in grads]
+    examples += [torch.empty_like(program.weights[g.key]) for g in grads]
+    examples += [torch.empty_like(weights[s.key]) for s in new_inputs[1:]]
     examples += [torch.empty_like(weights[STEP_TARGET])]
     traced = make_fx(
         update, decomposition_table=decompositions(python_only=True), tracing_mode="fake"
     )(*examples)
     if any(node.op == "get_attr" for node in traced.graph.nodes):
         raise CaptureError(f"optimizer {optimizer.kind} traced to a graph with constants")
-    sources = [placeholders[params[g.target].name] for g in grads]
+    sources = [placeholders[params[g.key].name] for g in grads]
     sources += [out_values[g.name] for g in grads]
     sources += [node for nodes in state_nodes for node in nodes] + [step_node]
     val_map = dict(
         zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True)
     )
     with graph.inserting_before(out_node):
-        results = graph.graph_copy(traced.graph, val_map)
+        # `update` returns a flat tuple, so the copy's result is a tuple of nodes
+        results = typing.cast(tuple[torch.fx.Node, ...], graph.graph_copy(traced.graph, val_map))
     for node in graph.nodes:
         if node.op == "call_function" and "source" not in node.meta:
             node.meta["source"] = SourceLoc(module=f"optimizer.{optimizer.kind}")
@@ -119,7 +124,7 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     loss = sig.outputs_of(OutputKind.LOSS)[0]
     outs = [(loss, out_values[loss.name])]
     for grad, value in zip(grads, new_params, strict=True):
-        param = params[grad.target]
+        param = params[grad.key]
         outs.append(
             (
                 OutputSpec(

@@ -38,6 +38,12 @@ STATE_INPUTS = (
     InputKind.CONSTANT,
     InputKind.OPTIMIZER_STATE,
 )
+# output kinds that are about one weight (`OutputSpec.target` is required)
+TARGETED_OUTPUTS = (
+    OutputKind.GRADIENT,
+    OutputKind.UPDATED_PARAMETER,
+    OutputKind.UPDATED_STATE,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,12 +79,25 @@ def dtype_from_name(name: str) -> torch.dtype:
 
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
-    """`name` is the placeholder; `target` the weight key (None for user inputs)."""
+    """`name` is the placeholder; `target` the weight key. Every state input (parameter,
+    buffer, constant, optimizer state) has one, checked at construction (`ValueError`); a user
+    input has none. Code that reads state inputs uses `key`, typed as present."""
 
     name: str
     kind: InputKind
     spec: TensorSpec
     target: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind in STATE_INPUTS and not isinstance(self.target, str):
+            raise ValueError(f"{self.kind.value} input {self.name!r} has no target (weight key)")
+
+    @property
+    def key(self) -> str:
+        """The weight key of a state input (its `target`); a user input has none."""
+        if self.target is None:
+            raise ValueError(f"{self.kind.value} input {self.name!r} has no weight key")
+        return self.target
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -95,7 +114,8 @@ class InputSpec:
 
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
-    """`target` names what the output is about (the parameter a gradient belongs to);
+    """`target` names what the output is about (the parameter a gradient belongs to): every
+    gradient and updated value has one, checked at construction (`ValueError`), read as `key`;
     `aliases` is the input placeholder an updated value replaces."""
 
     name: str
@@ -103,6 +123,17 @@ class OutputSpec:
     spec: TensorSpec
     target: str | None = None
     aliases: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.kind in TARGETED_OUTPUTS and not isinstance(self.target, str):
+            raise ValueError(f"{self.kind.value} output {self.name!r} has no target")
+
+    @property
+    def key(self) -> str:
+        """The weight key a gradient or updated value is about (its `target`)."""
+        if self.target is None:
+            raise ValueError(f"{self.kind.value} output {self.name!r} has no target")
+        return self.target
 
     def to_json(self) -> dict[str, Any]:
         return {

@@ -13,6 +13,8 @@ temporaries. Per chunk:
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import torch
 
 from .elements import decode_table, encode
@@ -25,7 +27,7 @@ __all__ = ["dequantize", "quantize"]
 CHUNK = 1 << 20  # elements per chunk: the scratch buffers (3-4 x 4 MiB) stay in cache
 
 
-def _chunks(rows: int, block: int, inner: int):
+def _chunks(rows: int, block: int, inner: int) -> Iterator[tuple[slice, slice]]:
     """(row slice, inner slice) pairs covering [rows, block, inner] in about CHUNK elements."""
     per_row = block * inner
     if per_row <= CHUNK:
@@ -48,13 +50,20 @@ class _Scratch:
         self.work = torch.empty(n, dtype=torch.int32)
         self.x = torch.empty(n, dtype=torch.float32) if need_fp32_copy else None
 
-    def views(self, shape: torch.Size):
+    def views(self, shape: torch.Size) -> tuple[torch.Tensor, ...]:
         n = shape.numel()
         bufs = (self.y, self.a, self.work)
         return tuple(b[:n].view(shape) for b in bufs)
 
 
-def _quantize_chunk(x, fmt: MXFormat, rule: str, codes, scales, scratch: _Scratch) -> None:
+def _quantize_chunk(
+    x: torch.Tensor,
+    fmt: MXFormat,
+    rule: str,
+    codes: torch.Tensor,
+    scales: torch.Tensor,
+    scratch: _Scratch,
+) -> None:
     y, a, work = scratch.views(x.shape)
     if scratch.x is not None:  # bf16 / fp16: the exact fp32 upcast
         x = scratch.x[: x.numel()].view(x.shape).copy_(x)

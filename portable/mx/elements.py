@@ -54,7 +54,7 @@ def _magnitudes(y: torch.Tensor, fmt: MXFormat, a: torch.Tensor, work: torch.Ten
     work.add_(sub).clamp_(max=fmt.max_code)
 
 
-def _apply_sign(codes: torch.Tensor, x_bits: torch.Tensor, fmt: MXFormat, a: torch.Tensor):
+def _apply_sign(codes: torch.Tensor, x_bits: torch.Tensor, fmt: MXFormat, a: torch.Tensor) -> None:
     """Give int32 magnitude `codes` the sign of `x_bits` (in place); `a` is int32 scratch."""
     if fmt.integer:  # two's complement: (c ^ s) - s with s = 0 or -1
         torch.bitwise_right_shift(x_bits, 31, out=a)

@@ -56,11 +56,10 @@ def eager_results(
     tied = program.metadata.get("tied_weights", {})
     for key, value in model.state_dict().items():
         results[f"state {tied.get(key, key)}"] = value
-    names = {id(p): n for n, p in model.named_parameters()}
+    param_names = {id(p): n for n, p in model.named_parameters()}
     for param, state in eager.state.items():
+        name = param_names[id(param)]
         for k, value in state.items():
             if k != "step":
-                results[f"state optimizer.{tied.get(names[id(param)], names[id(param)])}.{k}"] = (
-                    value
-                )
+                results[f"state optimizer.{tied.get(name, name)}.{k}"] = value
     return results

@@ -180,4 +180,5 @@ def _name(node: str, part: str) -> str:
 
 def _part(quantities: dict[str, torch.Tensor], node: str, part: str) -> torch.Tensor:
     name = _name(node, part)
-    return quantities.get(f"output {name}", quantities.get(f"state {name}"))
+    output = f"output {name}"  # an output of inference, a state entry of a training step
+    return quantities[output if output in quantities else f"state {name}"]

@@ -11,7 +11,7 @@ import pytest
 DEFAULT = "cpu"
 
 
-def pytest_addoption(parser) -> None:
+def pytest_addoption(parser: pytest.Parser) -> None:
     group = parser.getgroup("portable")
     group.addoption(
         "--portable-backends",
@@ -20,11 +20,11 @@ def pytest_addoption(parser) -> None:
     )
 
 
-def _backends(config) -> list[str]:
+def _backends(config: pytest.Config) -> list[str]:
     return [b.strip() for b in config.getoption("--portable-backends").split(",") if b.strip()]
 
 
-def pytest_configure(config) -> None:
+def pytest_configure(config: pytest.Config) -> None:
     """Check the names once, before collection. Only registered names are read (no backend is
     imported), and only when the option is given: other test runs never import portable."""
     if config.getoption("--portable-backends") == DEFAULT:
@@ -44,13 +44,13 @@ def pytest_configure(config) -> None:
         )
 
 
-def pytest_generate_tests(metafunc) -> None:
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "portable_backend" in metafunc.fixturenames:
         metafunc.parametrize("portable_backend", _backends(metafunc.config), indirect=True)
 
 
 @pytest.fixture
-def portable_backend(request) -> str:
+def portable_backend(request: pytest.FixtureRequest) -> str:
     from portable.backends import Target, get_backend
     from portable.errors import RegistryError
 

@@ -20,9 +20,13 @@ int32 scalar. It is the last HLO parameter (`HloArtifacts.rank_parameter`), neve
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from portable.ir.program import Program
+
+if TYPE_CHECKING:
+    import jax
+    from jax._src.lib.mlir import ir
 
 __all__ = ["HloArtifacts", "lower_to_hlo"]
 
@@ -57,6 +61,7 @@ def lower_to_hlo(
         kept = tuple(k for k in numbers if k < count)
         rank_parameter = len(kept) if count in numbers else None  # dropped if never read
         module = lowered.compiler_ir("stablehlo")
+        assert module is not None  # None only for a dialect jax does not know
         _alias_as_signed(module, program, kept)
         bytecode = mlir.module_to_bytecode(module)
         stablehlo = mlir.module_to_string(module, enable_debug_info=True)
@@ -67,7 +72,7 @@ def lower_to_hlo(
     return HloArtifacts(proto, stablehlo, kept, rank_parameter)
 
 
-def _alias_as_signed(module, program: Program, kept: tuple[int, ...]) -> None:
+def _alias_as_signed(module: ir.Module, program: Program, kept: tuple[int, ...]) -> None:
     """Make input_output_alias exactly the signature's aliasing (updated output k replaces the
     input it names). jax.jit pairs each donated input with the first unclaimed output of the same
     shape and dtype, which for scalars (the step counter) can be the loss."""
@@ -101,7 +106,7 @@ def _alias_as_signed(module, program: Program, kept: tuple[int, ...]) -> None:
         main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
 
 
-def _kept_inputs(lowered, count: int) -> tuple[int, ...]:
+def _kept_inputs(lowered: jax.stages.Lowered, count: int) -> tuple[int, ...]:
     """Inputs that are HLO parameters: jax.jit drops unused arguments (keep_unused=False) and
     records which it kept; without that record every input is a parameter."""
     lowering = getattr(lowered, "_lowering", None)

@@ -23,7 +23,8 @@ __all__ = ["downcast_fp64", "uses_fp64"]
 
 def uses_fp64(program: Program) -> bool:
     sig = program.signature
-    if any(s.spec.dtype == torch.float64 for s in (*sig.inputs, *sig.outputs)):
+    specs = [s.spec for s in sig.inputs] + [s.spec for s in sig.outputs]
+    if any(s.dtype == torch.float64 for s in specs):
         return True
     return any(_has_fp64(n.meta.get("tensor")) for n in program.graph.nodes)
 

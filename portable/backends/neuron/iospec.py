@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from portable.ir.program import Program
+from portable.ir.signature import TensorSpec
 
 from .collectives import RANK_INPUT
 from .hlo import HloModule
@@ -67,11 +68,11 @@ def io_spec(
         }
         inputs.append(entry)
     outputs = []
-    for index, spec in enumerate(sig.outputs):
-        entry = _tensor(index, spec.name, spec.kind.value, spec.target, spec.spec)
-        number = out_to_param.get(index)
+    for index, out_spec in enumerate(sig.outputs):
+        entry = _tensor(index, out_spec.name, out_spec.kind.value, out_spec.target, out_spec.spec)
+        param = out_to_param.get(index)
         entry["alias"] = (
-            {"index": number, "name": sig.inputs[kept[number]].name} if number is not None else None
+            {"index": param, "name": sig.inputs[kept[param]].name} if param is not None else None
         )
         outputs.append(entry)
     unused = [
@@ -89,7 +90,9 @@ def io_spec(
     }
 
 
-def _tensor(index: int, name: str, role: str, target: str | None, spec) -> dict[str, Any]:
+def _tensor(
+    index: int, name: str, role: str, target: str | None, spec: TensorSpec
+) -> dict[str, Any]:
     return {
         "index": index,
         "name": name,

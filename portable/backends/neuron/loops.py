@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from .hlo import HloModule, Instruction
+from .hlo import Computation, HloModule, Instruction
 
 __all__ = ["constant_trip_count"]
 
@@ -33,7 +33,7 @@ def constant_trip_count(module: HloModule, ins: Instruction) -> bool:
     return kinds == ["constant", f"counter{index}"]
 
 
-def _counter_index(cond) -> int | None:
+def _counter_index(cond: Computation) -> int | None:
     root = cond.root
     if root.opcode != "compare" or len(root.operands) != 2:
         return None
@@ -44,7 +44,7 @@ def _counter_index(cond) -> int | None:
     return None
 
 
-def _operand_kind(comp, ins: Instruction, k: int) -> str:
+def _operand_kind(comp: Computation, ins: Instruction, k: int) -> str:
     """ "constant", "counter<i>" (element i of the loop state) or "other"."""
     operand = comp.by_name().get(ins.operands[k])
     if operand is None:
@@ -58,7 +58,7 @@ def _operand_kind(comp, ins: Instruction, k: int) -> str:
     return "other"
 
 
-def _tuple_element(comp, tup: Instruction, index: int) -> Instruction | None:
+def _tuple_element(comp: Computation, tup: Instruction, index: int) -> Instruction | None:
     if tup.opcode != "tuple" or index >= len(tup.operands):
         return None
     return comp.by_name().get(tup.operands[index])

@@ -12,6 +12,8 @@ from .findings import Finding
 from .hlo import Instruction
 
 if TYPE_CHECKING:
+    import torch.fx
+
     from .validate import Context
 
 __all__ = ["COLLECTIVES", "collectives"]
@@ -47,7 +49,9 @@ def _parse_groups(text: str) -> list[list[int]]:
     return [[int(r) for r in g.split(",") if r] for g in re.findall(r"\{([\d,]*)\}", text)]
 
 
-def _group_findings(ctx: Context, ins: Instruction, op: str, groups: list[list[int]]):
+def _group_findings(
+    ctx: Context, ins: Instruction, op: str, groups: list[list[int]]
+) -> Iterator[Finding]:
     """Every rank exactly once, equal group sizes, group size == the axis size, ranks < world;
     the scattered / split dim divisible by the group size."""
     world = ctx.ranks.world_size
@@ -94,7 +98,7 @@ def _group_findings(ctx: Context, ins: Instruction, op: str, groups: list[list[i
     yield from _divisibility(ctx, ins, op, len(groups[0]) if groups else 1)
 
 
-def _collective_axis(node) -> str | None:
+def _collective_axis(node: torch.fx.Node | None) -> str | None:
     """The mesh axis a portable collective node runs over (its `axis` argument)."""
     if node is None or not str(node.target).startswith("portable."):
         return None
@@ -104,11 +108,12 @@ def _collective_axis(node) -> str | None:
     return None
 
 
-def _divisibility(ctx: Context, ins: Instruction, op: str, size: int):
+def _divisibility(ctx: Context, ins: Instruction, op: str, size: int) -> Iterator[Finding]:
     if op not in ("reduce-scatter", "all-to-all") or size <= 1:
         return
     dims = re.findall(r"\d+", ins.attrs.get("dimensions", ""))
-    operand = ctx.module.computation(ins.computation).by_name().get(ins.operands[0])
+    computation = ctx.module.computation(ins.computation)
+    operand = computation.by_name().get(ins.operands[0]) if computation is not None else None
     if not dims or operand is None or not operand.leaves:
         return
     dim = int(dims[0])

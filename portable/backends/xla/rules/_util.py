@@ -11,6 +11,8 @@ Conventions the rules rely on:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import jax
 import jax.numpy as jnp
@@ -24,11 +26,16 @@ from portable.opset import op_name
 
 from ..dtypes import to_jax
 
+if TYPE_CHECKING:
+    from jax.typing import DTypeLike
+
+    from . import RuleContext
+
 PRECISION = jax.lax.Precision.HIGHEST
 _HALF = (jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16))
 
 
-def _spec(ctx, index: int) -> TensorSpec:
+def _spec(ctx: RuleContext, index: int) -> TensorSpec:
     out = ctx.out
     spec = out[index] if isinstance(out, tuple) else out
     if not isinstance(spec, TensorSpec):
@@ -36,12 +43,12 @@ def _spec(ctx, index: int) -> TensorSpec:
     return spec
 
 
-def out_dtype(ctx, index: int = 0):
+def out_dtype(ctx: RuleContext, index: int = 0) -> DTypeLike:
     """The JAX dtype of the node's (index-th) recorded result."""
     return to_jax(_spec(ctx, index).dtype)
 
 
-def out_shape(ctx, index: int = 0) -> tuple[int, ...]:
+def out_shape(ctx: RuleContext, index: int = 0) -> tuple[int, ...]:
     """The static shape of the node's (index-th) recorded result."""
     return tuple(int(d) for d in _spec(ctx, index).shape)
 
@@ -56,7 +63,7 @@ def opmath(dtype):
     return jnp.float32 if jnp.dtype(dtype) in _HALF else dtype
 
 
-def dim_list(dims, rank: int) -> tuple[int, ...]:
+def dim_list(dims: int | Sequence[int] | None, rank: int) -> tuple[int, ...]:
     """Normalize torch's dim argument (int, list, or None / [] = all) to non-negative ints."""
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(rank))
@@ -70,13 +77,13 @@ def norm_dim(dim: int, rank: int) -> int:
     return dim % rank if rank else 0
 
 
-def reduce_sum(x, dims: tuple[int, ...], keepdim: bool, dtype):
+def reduce_sum(x: jax.Array, dims: tuple[int, ...], keepdim: bool, dtype: DTypeLike) -> jax.Array:
     """torch.sum: accumulate in opmath (float32 for half types), round to `dtype` once."""
     acc = opmath(dtype)
     return jnp.sum(x.astype(acc), axis=dims, keepdims=keepdim).astype(dtype)
 
 
-def reduce_mean(x, dims: tuple[int, ...], keepdim: bool, dtype):
+def reduce_mean(x: jax.Array, dims: tuple[int, ...], keepdim: bool, dtype: DTypeLike) -> jax.Array:
     """torch.mean on CPU: sum(x) / n, the sum rounded to `dtype` before the division."""
     n = math.prod(x.shape[d] for d in dims)
     return reduce_sum(x, dims, keepdim, dtype) / jnp.asarray(n, dtype)
@@ -91,7 +98,7 @@ def matmul(x, y, dtype):
     return out.astype(dtype)
 
 
-def pair(value, n: int = 2) -> tuple[int, ...]:
+def pair(value: int | Sequence[int], n: int = 2) -> tuple[int, ...]:
     """torch's `int[2]` arguments: an int or a one-element list means the same value `n` times."""
     if isinstance(value, int):
         return (value,) * n
@@ -99,7 +106,7 @@ def pair(value, n: int = 2) -> tuple[int, ...]:
     return value * n if len(value) == 1 else value
 
 
-def unsupported(ctx, what: str, fix: str):
+def unsupported(ctx: RuleContext, what: str, fix: str) -> LoweringError:
     """A LoweringError for an argument combination a rule does not lower, located at the node."""
     src = source_of(ctx.node)
     return LoweringError(

@@ -30,11 +30,14 @@ Two forms, chosen from the static key length Lk:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from jax import lax
+from jax.typing import ArrayLike, DTypeLike
 
 from . import RULES
 from ._util import PRECISION, opmath, out_dtype
@@ -53,7 +56,7 @@ def _expand_kv(q, t):
     return t if hq == hk else jnp.repeat(t, hq // hk, axis=-3)
 
 
-def _einsum(spec: str, a, b, compute):
+def _einsum(spec: str, a: jax.Array, b: jax.Array, compute: DTypeLike) -> jax.Array:
     return jnp.einsum(spec, a, b, precision=PRECISION, preferred_element_type=compute)
 
 
@@ -86,7 +89,13 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None):
 # --------------------------------------------------------------------------- blockwise form
 
 
-def _sweep(n: int, block: int, body, carry):
+# a loop carry is a pytree of arrays (its structure is the body's business)
+Carry = Any
+
+
+def _sweep(
+    n: int, block: int, body: Callable[[ArrayLike, int, Carry], Carry], carry: Carry
+) -> Carry:
     """body(start, size, carry) over [0, n) in blocks: a counted loop over the full blocks, then
     the shorter last block (static size) if n is not a multiple of `block`."""
     full, rest = divmod(n, block)
@@ -103,11 +112,11 @@ def _sweep(n: int, block: int, body, carry):
     return carry
 
 
-def _take(x, axis: int, start, size: int):
+def _take(x: jax.Array, axis: int, start: ArrayLike, size: int) -> jax.Array:
     return lax.dynamic_slice_in_dim(x, start, size, axis=axis)
 
 
-def _put(x, update, axis: int, start):
+def _put(x: jax.Array, update: jax.Array, axis: int, start: ArrayLike) -> jax.Array:
     return lax.dynamic_update_slice_in_dim(x, update, start, axis=axis)
 
 
@@ -127,7 +136,9 @@ class _Problem:
     def rows(self, t, start, size):  # a block along the sequence dim of q / k / v-shaped values
         return _take(t, t.ndim - 2, start, size)
 
-    def scores(self, qb, q0, nq: int, kb, k0, nk: int):
+    def scores(
+        self, qb: jax.Array, q0: ArrayLike, nq: int, kb: jax.Array, k0: ArrayLike, nk: int
+    ) -> jax.Array:
         """The [..., nq, nk] tile of q @ k^T * scale + mask (masked positions -inf)."""
         c = self.compute
         s = _einsum("...qd,...kd->...qk", qb, kb, c) * jnp.asarray(self.scale, c)
@@ -149,7 +160,7 @@ class _Problem:
         return s
 
 
-def _forward(pb: _Problem, block: int):
+def _forward(pb: _Problem, block: int) -> tuple[jax.Array, jax.Array]:
     """(out, lse) in opmath: out [..., Lq, Dv]; lse [..., Lq], -inf on fully masked rows."""
     c = pb.compute
     lead = pb.q.shape[:-2]
@@ -280,7 +291,7 @@ def _sum_to(x, shape):
 # --------------------------------------------------------------------------- rules
 
 
-def _blockwise(k) -> bool:
+def _blockwise(k: jax.Array) -> bool:
     return k.shape[-2] > BLOCK
 
 

@@ -234,7 +234,7 @@ def _compare(fn):
     return rule
 
 
-for _names, _fn in {
+for _names, _cmp in {
     ("aten.eq.Scalar", "aten.eq.Tensor"): jnp.equal,
     ("aten.ne.Scalar", "aten.ne.Tensor"): jnp.not_equal,
     ("aten.lt.Scalar", "aten.lt.Tensor"): jnp.less,
@@ -242,7 +242,7 @@ for _names, _fn in {
     ("aten.gt.Scalar", "aten.gt.Tensor"): jnp.greater,
     ("aten.ge.Scalar", "aten.ge.Tensor"): jnp.greater_equal,
 }.items():
-    RULES.register(*_names)(_compare(_fn))
+    RULES.register(*_names)(_compare(_cmp))
 
 
 @RULES.register("aten.isnan.default")

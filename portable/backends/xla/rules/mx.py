@@ -43,9 +43,11 @@ Numbers. A finite fp32 magnitude with bits `a` is `sig * 2^(e - 150)`, `sig` in 
 
 from __future__ import annotations
 
+import jax
 import jax.numpy as jnp
 import torch
 from jax import lax
+from jax.typing import DTypeLike
 
 from portable import mx
 from portable.errors import InputError
@@ -90,7 +92,7 @@ def select(cond, a, b):
     return lax.select(jnp.broadcast_to(cond, shape), a, b)
 
 
-def clamp(x, lo: int, hi: int):
+def clamp(x: jax.Array, lo: int, hi: int) -> jax.Array:
     return lax.clamp(jnp.asarray(lo, x.dtype), x, jnp.asarray(hi, x.dtype))
 
 
@@ -112,7 +114,7 @@ def fp32_bits(x):
     return sign | select((half & 0x7FFF) == 0, 0, magnitude)
 
 
-def leading_one(m, width: int):
+def leading_one(m: jax.Array, width: int) -> jax.Array:
     """Position of the highest set bit of int32 `0 < m < 2^width` (0 for m = 0), by a binary
     search of shifts, compares and selects (HLO count-leading-zeros is not on Neuron's list)."""
     p = jnp.zeros_like(m)
@@ -149,14 +151,14 @@ def _ceil_byte(bits):
     return select(bits < HIDDEN, (bits > 0x400000).astype(I32), (bits + 0x7FFFFF) >> 23)
 
 
-def _rceil_byte(amax, fmt: MXFormat):
+def _rceil_byte(amax: jax.Array, fmt: MXFormat) -> jax.Array:
     """C(fp32(amax * fp32(1/max))) from integer comparisons (module docstring), at most 254."""
     inv = fmt.inv_max_bits
     ec, sc = inv >> 23, (inv & 0x7FFFFF) | HIDDEN
     e, sa = normalize(amax)
     big = sa >= -(-(1 << 47) // sc)  # P >= 2^47: L = 47, else L = 46
 
-    def above(extra: int):  # P > 2^L + 2^(L - 24 + extra)
+    def above(extra: int) -> jax.Array:  # P > 2^L + 2^(L - 24 + extra)
         limit47, limit46 = (((1 << L) + (1 << (L - 24 + extra))) // sc for L in (47, 46))
         return sa > select(big, limit47, limit46)
 
@@ -165,7 +167,7 @@ def _rceil_byte(amax, fmt: MXFormat):
     return jnp.minimum(c, 254)
 
 
-def scale_bytes(amax, fmt: MXFormat, rule: str):
+def scale_bytes(amax: jax.Array, fmt: MXFormat, rule: str) -> jax.Array:
     """int32 E8M0 bytes (0..255) of blocks whose |x| maximum has the int32 fp32 bits `amax`."""
     if rule == "floor":
         b = (amax >> 23) - fmt.emax
@@ -182,7 +184,7 @@ def scale_bytes(amax, fmt: MXFormat, rule: str):
 # ----------------------------------------------------------------------------- elements
 
 
-def encode(x_bits, b, fmt: MXFormat):
+def encode(x_bits: jax.Array, b: jax.Array, fmt: MXFormat) -> jax.Array:
     """int32 codes (0..255) of int32 fp32 bits `x_bits` under (broadcast) scale bytes `b`."""
     e, sig = normalize(x_bits & ABS_MASK)
     k = e - b - fmt.emin  # binade of |x| * 2^(127 - b) relative to 2^emin
@@ -196,7 +198,9 @@ def encode(x_bits, b, fmt: MXFormat):
     return select(b == 255, 0, code)
 
 
-def decode(code, fmt: MXFormat):
+def decode(
+    code: jax.Array, fmt: MXFormat
+) -> tuple[jax.Array, jax.Array, jax.Array, jax.Array, jax.Array]:
     """(negative, sig, exp, inf, nan) of int32 codes: the element is +-sig * 2^exp (bits above
     the code width ignored; MXINT8 bytes are int8 / 64)."""
     if fmt.integer:
@@ -247,7 +251,7 @@ def _as_float(bits, dtype):
 # ----------------------------------------------------------------------------- the ops
 
 
-def _torch_dtype(dtype) -> torch.dtype:
+def _torch_dtype(dtype: DTypeLike) -> torch.dtype:
     return {jnp.dtype(to_jax(d)): d for d in _TORCH_DTYPES}[jnp.dtype(dtype)]
 
 
@@ -256,7 +260,9 @@ def _blocks(lay: mx.BlockLayout, per_block: int) -> tuple[int, int, int, int]:
     return (lay.outer, lay.blocks_per_axis, per_block, lay.inner)
 
 
-def quantize(x, format: str, axis: int, scale_rule: str = "floor", block_size: int = 32):
+def quantize(
+    x: jax.Array, format: str, axis: int, scale_rule: str = "floor", block_size: int = 32
+) -> tuple[jax.Array, jax.Array]:
     """(codes, scales) as uint8 JAX arrays: `portable.mx.quantize` bit for bit."""
     lay = mx.check_quantize(x.shape, _torch_dtype(x.dtype), format, axis, scale_rule, block_size)
     fmt, bs = lay.fmt, lay.block_size
@@ -271,7 +277,14 @@ def quantize(x, format: str, axis: int, scale_rule: str = "floor", block_size: i
     return codes, b.astype(jnp.uint8).reshape(lay.scales_shape)
 
 
-def dequantize(codes, scales, format: str, axis: int, dtype, block_size: int = 32):
+def dequantize(
+    codes: jax.Array,
+    scales: jax.Array,
+    format: str,
+    axis: int,
+    dtype: DTypeLike,
+    block_size: int = 32,
+) -> jax.Array:
     """Values in JAX `dtype` (float32, bfloat16, float16, float64): `portable.mx.dequantize`
     bit for bit, NaN payloads aside."""
     codes_meta, scales_meta = (

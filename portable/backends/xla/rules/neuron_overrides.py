@@ -22,7 +22,7 @@ from ._util import norm_dim, out_dtype, out_shape
 from .nn import _pool_args, _windows
 
 
-def first_argmax(x, axis: int, keepdims: bool = False):
+def first_argmax(x: jax.Array, axis: int, keepdims: bool = False) -> jax.Array:
     """Index (int32) of the first maximum of `x` along `axis`, NaN being the maximum."""
     m = jnp.max(x, axis=axis, keepdims=True)
     hit = x == m

@@ -70,7 +70,7 @@ def embedding_dense_backward(ctx, grad, indices, num_weights, padding_idx, scale
 def _conv(x, weight, stride, padding, dilation, transposed, output_padding, groups, out_shape_):
     n = x.ndim - 2
     stride, padding, dilation = pair(stride, n), pair(padding, n), pair(dilation, n)
-    spatial = "DHW"[-n:] if n <= 3 else None
+    spatial = "DHW"[-n:]  # torch convolves over 1 to 3 spatial dims
     dims = ("NC" + spatial, "OI" + spatial, "NC" + spatial)
 
     def forward(inp):

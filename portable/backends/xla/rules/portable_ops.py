@@ -12,12 +12,17 @@ in `portable/opset/nn_ops.py`:
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, Any
+
 import jax
 import jax.numpy as jnp
 
 from . import RULES
 from ._util import opmath, out_dtype, unsupported
 from .nn import layer_norm_apply, layer_norm_stats
+
+if TYPE_CHECKING:
+    from . import RuleContext
 
 
 @RULES.register("portable.scale_mask_softmax.default")
@@ -114,7 +119,9 @@ class NamedAxisCollectives:
         return x
 
 
-def _collective(ctx, op: str, x, axis: str, group_size: int, *args):
+def _collective(
+    ctx: RuleContext, op: str, x: jax.Array, axis: str, group_size: int, *args: Any
+) -> jax.Array:
     if ctx.collectives is None:
         if group_size != 1:
             raise unsupported(

@@ -9,11 +9,17 @@ the end); `squeeze` ignores dims whose size is not 1; `cat` skips legacy empty 1
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
 import jax
 import jax.numpy as jnp
 
 from . import RULES
 from ._util import norm_dim, out_dtype, out_shape, unsupported
+
+if TYPE_CHECKING:
+    from . import RuleContext
 
 
 @RULES.register("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
@@ -101,7 +107,9 @@ def split_with_sizes(ctx, x, split_sizes, dim=0):
     return tuple(out)
 
 
-def _slice_key(x, dim, start, end, step) -> tuple:
+def _slice_key(
+    x: jax.Array, dim: int, start: int | None, end: int | None, step: int
+) -> tuple[slice, ...]:
     """The static index of `x[start:end:step]` along dim (Python's clamping of the bounds)."""
     d = norm_dim(dim, x.ndim)
     return (slice(None),) * d + (slice(start, end, step),)
@@ -117,7 +125,7 @@ def slice_scatter(ctx, x, src, dim=0, start=None, end=None, step=1):
     return x.at[_slice_key(x, dim, start, end, step)].set(src.astype(x.dtype))
 
 
-def _select_key(x, dim, index) -> tuple:
+def _select_key(x: jax.Array, dim: int, index: int) -> tuple[slice | int, ...]:
     d = norm_dim(dim, x.ndim)
     return (slice(None),) * d + (int(index) % x.shape[d],)
 
@@ -132,10 +140,12 @@ def select_scatter(ctx, x, src, dim, index):
     return x.at[_select_key(x, dim, index)].set(src.astype(x.dtype))
 
 
-def _advanced_key(ctx, indices) -> tuple:
+def _advanced_key(
+    ctx: RuleContext, indices: Sequence[jax.Array | None]
+) -> tuple[slice | jax.Array, ...]:
     """torch's `Tensor?[] indices` as a numpy index: None is a full slice; integer index tensors
     broadcast together (numpy's advanced-indexing rules, which torch follows)."""
-    key = []
+    key: list[slice | jax.Array] = []
     for index in indices:
         if index is None:
             key.append(slice(None))
@@ -201,7 +211,10 @@ def gather(ctx, x, dim, index, *, sparse_grad=False):
     return jnp.take_along_axis(cropped, index, axis=d)
 
 
-def _scatter(ctx, x, dim, index, src, combine: str):
+def _scatter(
+    ctx: RuleContext, x: jax.Array, dim: int, index: jax.Array, src: Any, combine: str
+) -> jax.Array:
+    # src: a JAX array (scatter.src) or a Python scalar (scatter.value), told apart by duck type
     if x.ndim == 0:
         return x.at[()].set(src) if combine == "set" else x + src
     _, coords, _ = _along(x, index, dim)

@@ -19,7 +19,7 @@ import portable
 from portable import Plan
 from portable.ir.parser import parse_program
 from portable.passes import PassManager, parse_pipeline, registry
-from tests.support import check_golden
+from tests.support import UPDATE_ENV, check_golden
 
 GOLDEN = Path(__file__).resolve().parent / "golden" / "passes"
 CASES = sorted(GOLDEN.glob("*/*.in.txt"))
@@ -84,3 +84,19 @@ def test_the_comm_overlap_golden_pair_holds_from_text() -> None:
         parse_program(before)
     )
     assert out.text() == (GOLDEN.parent / "comm_overlap_mlp_dp.after.txt").read_text()
+
+
+def test_update_mode_writes_and_compare_mode_shows_the_diff(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    golden = tmp_path / "case.out.txt"
+    monkeypatch.delenv(UPDATE_ENV, raising=False)
+    with pytest.raises(AssertionError, match="is missing: run with PORTABLE_UPDATE_GOLDEN=1"):
+        check_golden(golden, "a\n")
+    monkeypatch.setenv(UPDATE_ENV, "1")
+    check_golden(golden, "a\nb\n")
+    assert golden.read_text() == "a\nb\n"
+    monkeypatch.setenv(UPDATE_ENV, "0")  # 0 is off
+    check_golden(golden, "a\nb\n")
+    with pytest.raises(AssertionError, match=r"(?s)differs.*-b\n\+c"):
+        check_golden(golden, "a\nc\n")

@@ -255,7 +255,7 @@ def attention_vs_sdpa(bench: Bench, dry_run: bool) -> list[dict[str, Any]]:
 
 def mx_matmul(bench: Bench, dry_run: bool) -> dict[str, Any]:
     from portable.backends.cuda import dispatch
-    from portable.backends.cuda.mx_matmul import native_mx_available
+    from portable.backends.cuda.targets import arch_of_device
 
     m, n, k = (32, 32, 64) if dry_run else (8192, 8192, 8192)
     a = torch.randn(m, k, device=bench.device)
@@ -269,7 +269,8 @@ def mx_matmul(bench: Bench, dry_run: bool) -> dict[str, Any]:
         return da @ dw.t()
 
     record: dict[str, Any] = {"shape": f"{m}x{k} @ {k}x{n}", "emulated_ms": bench.time_ms(emulated)}
-    if native_mx_available(bench.device):
+    arch = arch_of_device(bench.device)
+    if arch is not None and arch.native_mx:
         native = lambda: dispatch.mx_matmul(ca, sa, cw, sw, "e4m3", torch.bfloat16)  # noqa: E731
         got, want = native().float(), emulated().float()
         record.update(

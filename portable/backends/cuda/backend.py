@@ -20,11 +20,17 @@ import torch
 from portable.errors import BackendError
 from portable.ir.program import Program, ProgramKind
 from portable.opset import opset_table
+from portable.opset.layouts import in_fake_layout
 from portable.runtime import Executable
+from portable.torch_compat import copy_graph_module
 
+from .. import get_backend, registry
 from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
+from .dispatch import planned_launches
+from .layout import write_layout
+from .lowering import export_graph, kernel_graph, mx_mode, retarget_devices
 from .options import CudaOptions
-from .targets import ARCHS, CudaArch, arch_of_capability, parse_archs
+from .targets import ARCHS, CudaArch, arch_of_capability, arch_of_device, parse_archs
 
 __all__ = ["CudaBackend", "CudaLowered"]
 
@@ -78,9 +84,6 @@ class CudaBackend(Backend):
         return True, ""
 
     def lower(self, program: Program, target: Target) -> Lowered:
-        from .dispatch import planned_launches
-        from .lowering import export_graph, kernel_graph, mx_mode
-
         archs = parse_archs(target.variant)  # BackendError naming the archs there are
         self.check_program(program, target)
         export_gm, decisions = export_graph(program)
@@ -99,16 +102,12 @@ class CudaBackend(Backend):
         """With `out_dir`: kernels compiled for every arch, the `.pt2`, graphs and manifest."""
         files: list[Path] = []
         if out_dir is not None:
-            from .layout import write_layout
-
             files = write_layout(Path(out_dir), lowered, self.options)
         return Compiled(lowered, files, payload=lowered.payload)
 
     def executable(self, compiled: Compiled) -> Executable:
         ok, why = self.can_execute_here()
         if not ok:
-            from .. import get_backend, registry
-
             here = [
                 n
                 for n in registry.names()
@@ -123,15 +122,10 @@ class CudaBackend(Backend):
 
 
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
-    from portable.opset.layouts import in_fake_layout
-    from portable.torch_compat import copy_graph_module
-
-    from .lowering import kernel_graph, mx_mode, retarget_devices
-
     payload: CudaLowered = lowered.payload
     device = torch.device(options.device)
     if device.type == "cuda":
-        arch = arch_of_capability(*torch.cuda.get_device_capability(device))
+        arch = arch_of_device(device)
     else:
         arch = payload.archs[0]  # on CPU every kernel is interpreted; the graph of the first arch
     gm = payload.kernel_gms.get(arch.name)

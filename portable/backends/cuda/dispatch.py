@@ -20,6 +20,9 @@ from typing import Any
 
 import torch
 
+from .mx_gemm import scaled_mm_mx
+from .targets import arch_of_device
+
 __all__ = ["KERNEL_OPS", "TRITON_OPS", "KernelOp", "mx_matmul", "planned_launches"]
 
 
@@ -48,12 +51,11 @@ def attention(q, k, v, mask=None, is_causal=False, scale=None):
 
 def mx_matmul(a_codes, a_scales, b_codes, b_scales, format, dtype, bias=None):  # noqa: A002
     """`dequantize(a) @ dequantize(b)^T (+ bias)` for a [M, K] and b [N, K], both quantized
-    along K. On a device with native MX (compute capability 10.x) this is one block-scaled
+    along K. On a device whose arch has native MX (`targets.py`: sm_100) this is one block-scaled
     `torch._scaled_mm`; elsewhere (and on CPU) the operands are dequantized by the Triton kernel
     and multiplied in `dtype`, exactly as the unfused graph does."""
-    from .mx_matmul import native_mx_available, scaled_mm_mx
-
-    if native_mx_available(a_codes.device):
+    arch = arch_of_device(a_codes.device)
+    if arch is not None and arch.native_mx:
         return scaled_mm_mx(a_codes, a_scales, b_codes, b_scales, format, dtype, bias)
     a = mx_dequantize(a_codes, a_scales, format, 1, dtype)
     b = mx_dequantize(b_codes, b_scales, format, 1, dtype)

@@ -20,11 +20,16 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from portable.errors import BackendError
 from portable.ir.program import ProgramKind
 
 from ..base import Lowered
+from . import aot
 from .options import CudaOptions
+from .pt2 import buffer_name, export_program, save_pt2
+from .targets import arch_of_capability
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "write_layout"]
 
@@ -61,9 +66,6 @@ def write_layout(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path
 
 
 def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
-    from .aot import compile_kernels, toolchain_versions
-    from .pt2 import buffer_name, export_program, save_pt2
-
     payload = lowered.payload
     program = lowered.program
     files: list[Path] = []
@@ -78,7 +80,7 @@ def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
 
     archs: dict[str, Any] = {}
     for arch in payload.archs:
-        kernels = compile_kernels(payload.launches[arch.name], arch)
+        kernels = aot.compile_kernels(payload.launches[arch.name], arch)
         records = []
         for kernel in kernels:
             written = kernel.write(out / arch.name / "kernels")
@@ -114,7 +116,7 @@ def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
         "program": program.identity(),
-        "toolchain": toolchain_versions(),
+        "toolchain": aot.toolchain_versions(),
         "pt2": {
             "file": "program.pt2",
             "sha256": _sha256(pt2),
@@ -152,11 +154,6 @@ def _native_and_emulated(payload, arch) -> dict[str, Any]:
 
 def _write_aot_inductor(out: Path, program, payload) -> dict[str, Any]:
     """AOTInductor package of the export graph for the arch of the CUDA device present."""
-    import torch
-
-    from .pt2 import export_program
-    from .targets import arch_of_capability
-
     if not torch.cuda.is_available():
         raise BackendError(
             "--aot writes an AOTInductor package, which compiles for the CUDA device present; "

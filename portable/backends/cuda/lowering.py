@@ -11,55 +11,35 @@ Two graphs come out, both over the program's flat signature (placeholders in sig
   softmax, as the scale-mask-softmax kernel with scale 1 and no mask) replaced by direct calls
   of the Triton launchers in `dispatch.py` (so `torch.compile` sees the Triton kernels, and on
   CPU the same graph runs them in Triton's interpreter), and on archs with native MX the
-  `dequantize -> matmul` pattern replaced by the block-scaled matmul (`mx_matmul.py`).
+  `dequantize -> matmul` pattern replaced by the block-scaled matmul (`mx_rewrite.py`).
 
 Fake values (`meta["val"]`) are derived from the program's recorded specs (`values.py`), never
 taken from capture, so a loaded archive lowers exactly as the fresh capture it was saved from.
 Every rewritten node keeps its metadata (fake value, user source line). Each node that does not
-simply stay a PyTorch op gets a `Decision` naming what runs it, which the manifest records.
+simply stay a PyTorch op gets a `Decision` (`decisions.py`) naming what runs it, which the
+manifest records.
 """
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import torch
 
 from portable.ir.program import Program
-from portable.ir.source import source_of
 from portable.opset import lookup, op_name
 from portable.torch_compat import copy_graph_module
 
 from . import dispatch
-from .mx_matmul import rewrite_mx_matmuls
+from .decisions import Decision, decision
+from .mx_rewrite import rewrite_mx_matmuls
 from .targets import CudaArch
 from .values import annotate_fake_values
 
-__all__ = ["Decision", "export_graph", "kernel_graph", "mx_mode", "retarget_devices"]
+__all__ = ["export_graph", "kernel_graph", "mx_mode", "retarget_devices"]
 
 aten = torch.ops.aten
 portable = torch.ops.portable
-
-
-@dataclasses.dataclass(frozen=True)
-class Decision:
-    """How one node runs: `impl` is "pytorch", "sdpa", "triton:<kernel>", "native-mx" or
-    "emulated-mx"; `reason` says why when it is not the obvious choice."""
-
-    node: str
-    op: str
-    impl: str
-    reason: str = ""
-    source: str | None = None
-
-    def to_json(self) -> dict[str, Any]:
-        return {k: v for k, v in dataclasses.asdict(self).items() if v not in ("", None)}
-
-
-def _decision(node: torch.fx.Node, op: str, impl: str, reason: str = "") -> Decision:
-    src = source_of(node)
-    return Decision(node.name, op, impl, reason, src.location() if src else None)
 
 
 def _args(node: torch.fx.Node) -> dict[str, Any]:
@@ -133,7 +113,7 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
             a = _args(node)
             covered, why = sdpa_covers(a)
             if not covered:
-                decisions.append(_decision(node, name, "triton:attention", why))
+                decisions.append(decision(node, name, "triton:attention", why))
                 continue
             gqa = _shape(a["q"])[-3:-2] != _shape(a["k"])[-3:-2]
             kwargs = {"attn_mask": a["mask"], "is_causal": a["is_causal"], "scale": a["scale"]}
@@ -141,13 +121,13 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
                 kwargs["enable_gqa"] = True
             sdpa = aten.scaled_dot_product_attention.default
             _replace(graph, node, sdpa, (a["q"], a["k"], a["v"]), kwargs)
-            decisions.append(_decision(node, name, "sdpa"))
+            decisions.append(decision(node, name, "sdpa"))
         elif name in _ATEN_EQUIVALENTS:
             target, names = _ATEN_EQUIVALENTS[name]
             a = _args(node)
             _replace(graph, node, target, tuple(a[n] for n in names))
         elif name in dispatch.TRITON_OPS:
-            decisions.append(_decision(node, name, f"triton:{dispatch.TRITON_OPS[name].kernel}"))
+            decisions.append(decision(node, name, f"triton:{dispatch.TRITON_OPS[name].kernel}"))
     graph.lint()
     gm.recompile()
     return gm, decisions
@@ -190,7 +170,7 @@ def kernel_graph(
             # softmax(x, dim) == scale_mask_softmax(x, None, 1.0, dim): one fused row kernel
             smax = dispatch.KERNEL_OPS["scale_mask_softmax"].op
             _replace(graph, node, smax, (node.args[0], None, 1.0, node.args[1]))
-            decisions.append(_decision(node, "aten._softmax.default", "triton:scale_mask_softmax"))
+            decisions.append(decision(node, "aten._softmax.default", "triton:scale_mask_softmax"))
             continue
         entry = dispatch.TRITON_OPS.get(op_name(node.target))
         if entry is not None:

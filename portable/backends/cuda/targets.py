@@ -10,9 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 
+import torch
+
 from portable.errors import BackendError
 
-__all__ = ["ARCHS", "CudaArch", "arch_of_capability", "parse_archs"]
+__all__ = ["ARCHS", "CudaArch", "arch_of_capability", "arch_of_device", "parse_archs"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,3 +59,10 @@ def arch_of_capability(major: int, minor: int) -> CudaArch | None:
     if major == 10:
         return ARCHS["sm_100"]
     return None
+
+
+def arch_of_device(device: torch.device) -> CudaArch | None:
+    """The arch of a CUDA device (None for a CPU device, or a CUDA device of no arch here)."""
+    if device.type != "cuda":
+        return None
+    return arch_of_capability(*torch.cuda.get_device_capability(device))

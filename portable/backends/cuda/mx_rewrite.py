@@ -1,4 +1,5 @@
-"""Native MX matmul on archs that have it (sm_100); `dequantize -> matmul` elsewhere.
+"""The MX matmul rewrite: `dequantize -> matmul` becomes the native MX matmul where the arch
+has one (sm_100), and stays emulated elsewhere; each match gets a Decision saying which and why.
 
 Pattern (after the mx-quantize pass in `real` mode, or written by hand):
 
@@ -11,7 +12,8 @@ Pattern (after the mx-quantize pass in `real` mode, or written by hand):
 Both operands quantized along K (the contraction dim), block 32, FP8 elements (e4m3 / e5m2):
 that is what cuBLAS's block-scaled GEMM takes, with E8M0 scales in the 128x4 swizzled layout.
 Other formats, other axes or sizes the GEMM does not take stay emulated, and the decision says
-why. On archs without native MX every match is recorded as emulated.
+why. On archs without native MX every match is recorded as emulated. The GEMM itself is
+`mx_gemm.py`; the kernel-graph op that calls it is `dispatch.KERNEL_OPS["mx_matmul"]`.
 """
 
 from __future__ import annotations
@@ -21,12 +23,14 @@ import torch
 from portable.ir.signature import TensorSpec
 from portable.ir.source import source_of
 
+from .decisions import Decision
+from .dispatch import KERNEL_OPS
+from .mx_gemm import NATIVE_FORMATS
 from .targets import CudaArch
 
-__all__ = ["native_mx_available", "rewrite_mx_matmuls", "scaled_mm_mx"]
+__all__ = ["rewrite_mx_matmuls"]
 
 aten = torch.ops.aten
-NATIVE_FORMATS = {"e4m3": torch.float8_e4m3fn, "e5m2": torch.float8_e5m2}
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int}
 
 
@@ -115,15 +119,14 @@ def _native_refusal(a: dict, b: dict) -> str:
     return ""
 
 
-def rewrite_mx_matmuls(gm: torch.fx.GraphModule, arch: CudaArch, mode: str | None = None) -> list:
+def rewrite_mx_matmuls(
+    gm: torch.fx.GraphModule, arch: CudaArch, mode: str | None = None
+) -> list[Decision]:
     """Replace every native-capable MX matmul in `gm` for `arch`; return one Decision each.
 
     `mode` is the mx-quantize pass's (program metadata): "fake" keeps every MX matmul emulated
     (fake quantization means emulation on every target); "real" or hand-written MX ops use the
     native GEMM where the arch has one."""
-    from .dispatch import KERNEL_OPS
-    from .lowering import Decision
-
     mx_matmul = KERNEL_OPS["mx_matmul"].op
     decisions = []
     graph = gm.graph
@@ -157,22 +160,3 @@ def rewrite_mx_matmuls(gm: torch.fx.GraphModule, arch: CudaArch, mode: str | Non
         decisions.append(Decision(new.name, "mx_matmul", "native-mx", "", where))
     graph.eliminate_dead_code()
     return decisions
-
-
-def native_mx_available(device: torch.device) -> bool:
-    if device.type != "cuda":
-        return False
-    return torch.cuda.get_device_capability(device)[0] == 10
-
-
-def scaled_mm_mx(a_codes, a_scales, b_codes, b_scales, fmt, dtype, bias=None):
-    """cuBLAS block-scaled GEMM: FP8 codes reinterpreted as float8, E8M0 scales swizzled."""
-    from portable.mx import swizzle_scales
-
-    element = NATIVE_FORMATS[fmt]
-    a = a_codes.contiguous().view(element)
-    b = b_codes.contiguous().view(element).t()  # [K, N] column-major: _scaled_mm's rhs layout
-    sa = swizzle_scales(a_scales.contiguous()).view(torch.float8_e8m0fnu)
-    sb = swizzle_scales(b_scales.contiguous()).view(torch.float8_e8m0fnu)
-    out = torch._scaled_mm(a, b, sa, sb, out_dtype=dtype)
-    return out if bias is None else out + bias

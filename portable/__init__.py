@@ -36,8 +36,7 @@ from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind
 from .runtime import Executable, StepResult
 from .verify import verify
-
-__version__ = "0.1.0"
+from .version import __version__ as __version__
 
 
 class _Module(types.ModuleType):

@@ -37,7 +37,7 @@ import torch
 from . import atomic_dir
 from .errors import ArchiveError
 from .ir.grammar import bad_text
-from .ir.program import Program
+from .ir.program import Persistence, Program, register_persistence
 from .ir.serialize import (
     HASH_VERSION,
     doc_hash,
@@ -47,7 +47,11 @@ from .ir.serialize import (
     program_to_json,
     structure_bytes,
 )
+from .limits import current
+from .opset import OPSET_VERSION
 from .safe_json import parse_json
+from .verify import verify
+from .version import __version__
 
 __all__ = ["FORMAT_VERSION", "load", "save"]
 
@@ -64,8 +68,6 @@ _CHUNK = 1 << 20
 
 def save(program: Program, path: str | os.PathLike[str]) -> Path:
     """Verify `program` and write it as an archive directory at `path`; return that path."""
-    from .verify import verify
-
     verify(program)
     doc = program_to_json(program)
     if doc_structure_bytes(doc) != structure_bytes(program):
@@ -89,8 +91,6 @@ def save(program: Program, path: str | os.PathLike[str]) -> Path:
 
 
 def _header(content_hash: str, size: int, digest: str) -> dict[str, Any]:
-    from . import __version__
-
     return {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -188,8 +188,6 @@ def load(path: str | os.PathLike[str], *, expected_hash: str | None = None) -> P
     `expected_hash` pins the program: the archive must hold exactly the program whose
     `content_hash` you obtained from a source you trust (see "Threat model" in
     docs/archive-format.md: the hash in the file proves integrity, not who wrote it)."""
-    from .verify import verify
-
     root = Path(path)
     header = _read_header(root)
     doc = header["program"]
@@ -265,8 +263,6 @@ def _read_file(path: Path, limit: int | None) -> bytes:
 
 
 def _read_header(root: Path) -> dict[str, Any]:
-    from .limits import current
-
     if not root.exists():
         raise ArchiveError(
             f"no archive at {root}",
@@ -314,8 +310,6 @@ def _check_format_version(version: Any) -> None:
 
 
 def _check_opset(root: Path, doc: dict[str, Any]) -> None:
-    from .opset import OPSET_VERSION
-
     ours = _parse_opset(OPSET_VERSION)
     assert ours is not None, OPSET_VERSION  # our own constant
     recorded = doc.get("opset_version")
@@ -381,3 +375,7 @@ def _read_weights(root: Path, info: dict[str, Any]) -> dict[str, torch.Tensor]:
         if (why := bad_text(key, limit=1024)) is not None:
             raise ArchiveError(f"{path} has a weight key that {why}", fix="re-save the archive")
     return weights
+
+
+# Program.save and Program.content_hash call these (the IR does not import its storage).
+register_persistence(Persistence(save=save, content_hash=program_hash))

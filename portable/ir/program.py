@@ -14,17 +14,21 @@ from __future__ import annotations
 import copy
 import dataclasses
 import enum
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import torch
 import torch.fx
 
+from ..errors import RegistryError
+from ..opset import OPSET_VERSION
 from ..torch_compat import copy_graph_module
 from .plan import Plan
+from .printer import format_program
 from .signature import InputKind, Signature
 
-__all__ = ["Program", "ProgramKind"]
+__all__ = ["Persistence", "Program", "ProgramKind", "register_persistence"]
 
 
 class ProgramKind(enum.StrEnum):
@@ -51,16 +55,13 @@ class Program:
 
     @property
     def opset_version(self) -> str:
-        from ..opset import OPSET_VERSION
-
         return str(self.metadata.get("opset_version", OPSET_VERSION))
 
     @property
     def content_hash(self) -> str:
-        """sha256 over the canonical graph, signature, plan and weight bytes."""
-        from .serialize import program_hash
-
-        return program_hash(self)
+        """sha256 over the canonical graph, signature, plan and weight bytes (computed by the
+        registered `Persistence`: `portable.ir.serialize.program_hash`)."""
+        return _registered().content_hash(self)
 
     def identity(self) -> dict[str, str]:
         """name, kind and content hash: how manifests name the program they were made from."""
@@ -98,15 +99,12 @@ class Program:
         return Program(**fields)
 
     def save(self, path: str | Path) -> Path:
-        """Write the archive (JSON + safetensors) atomically; see docs/archive-format.md."""
-        from ..archive import save
-
-        return save(self, path)
+        """Write the archive (JSON + safetensors) atomically; see docs/archive-format.md.
+        The registered `Persistence` writes it (`portable.archive.save`)."""
+        return _registered().save(self, path)
 
     def text(self) -> str:
         """The stable textual form of the graph (for golden tests and `portable inspect`)."""
-        from .printer import format_program
-
         return format_program(self)
 
     def __repr__(self) -> str:
@@ -115,3 +113,42 @@ class Program:
             f"Program({self.name!r}, kind={self.kind.value}, ops={n}, "
             f"inputs={len(self.signature.inputs)}, outputs={len(self.signature.outputs)})"
         )
+
+
+# -- persistence: how programs are stored and hashed ------------------------------------------
+# The IR does not depend on its storage: `portable.archive` (which owns the archive format and
+# uses `portable.ir.serialize` for the JSON and the hash) registers itself here when it is
+# imported, and `import portable` imports it. `Program.save` and `Program.content_hash` call
+# through this hook.
+
+
+@dataclasses.dataclass(frozen=True)
+class Persistence:
+    """How programs are saved and content-hashed (`portable.archive` registers the one there
+    is): `save(program, path) -> path written`, `content_hash(program) -> hex sha256`."""
+
+    save: Callable[[Program, str | Path], Path]
+    content_hash: Callable[[Program], str]
+
+
+_PERSISTENCE: list[Persistence] = []  # the registered one (at most one)
+
+
+def register_persistence(persistence: Persistence) -> None:
+    """Install how programs are saved and hashed. Registering the same functions again is a
+    no-op (a module imported twice); a different second one is a RegistryError."""
+    if _PERSISTENCE and _PERSISTENCE[0] != persistence:
+        raise RegistryError(
+            "program persistence is registered twice",
+            fix="only portable.archive registers it; do not register another",
+        )
+    _PERSISTENCE[:] = [persistence]
+
+
+def _registered() -> Persistence:
+    if not _PERSISTENCE:
+        raise RegistryError(
+            "no program persistence is registered (Program.save / content_hash)",
+            fix="import portable (it imports portable.archive, which registers it)",
+        )
+    return _PERSISTENCE[0]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .backends import Target, get_backend, registry
 from .errors import BackendError
 from .ir.program import Program
 from .runtime import Executable
@@ -13,15 +14,11 @@ def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001
     """Lower, compile and load `program` on `backend` (`"cpu"`, `"xla"`, `"cuda:sm_90"`, ...).
 
     Returns a callable `Executable`; raises BackendError when the backend cannot run here."""
-    from .backends import Target, get_backend
-
     target = Target.parse(backend)
     impl = get_backend(target.backend)
     impl.require()  # missing optional packages: the pip install is the fix, not another backend
     ok, why = impl.can_execute_here()
     if not ok:
-        from .backends import registry
-
         runnable = [n for n in registry.names() if get_backend(n).can_execute_here()[0]]
         raise BackendError(
             f"backend {target.backend} cannot run on this machine: {why}",
@@ -36,8 +33,6 @@ def lower(
 ):
     """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`; `options` is
     the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None."""
-    from .backends import Target, get_backend
-
     t = Target.parse(target)
     impl = get_backend(t.backend, options)
     lowered = impl.lower(program, t)

@@ -26,6 +26,8 @@ import torch
 
 from .errors import PortableError, ResourceLimitError
 from .ir.signature import TensorSpec
+from .ir.source import source_of
+from .ir.symbolic import SizeExprError, parse_size
 
 if TYPE_CHECKING:
     from .ir.program import Program
@@ -148,9 +150,6 @@ def format_bytes(n: int) -> str:
 def check_program(program: Program, bindings: Mapping[str, int] | None = None) -> None:
     """Raise ResourceLimitError if running `program` would allocate a tensor over
     `max_tensor_bytes`: every node's recorded result, with dynamic dims from `bindings`."""
-    from .ir.source import source_of
-    from .ir.symbolic import SizeExprError, parse_size
-
     for node in program.graph.nodes:
         meta = node.meta.get("tensor")
         for spec in meta if isinstance(meta, tuple) else (meta,):

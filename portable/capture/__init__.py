@@ -20,12 +20,13 @@ from typing import Any
 import torch
 from torch.export.exported_program import _decompose_exported_program
 
-from ..errors import CaptureError, PortableError
+from ..errors import CaptureError, PortableError, VerifyError
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
 from ..ir.source import from_fx_meta
-from ..optim import as_optimizer
+from ..optim import AdamW, as_optimizer
 from ..torch_compat import quiet_internal_warnings
+from ..verify import verify
 from .build import annotate, to_program
 from .complex_pairs import lower_complex
 from .decompositions import decompositions
@@ -166,8 +167,6 @@ def _spec(obj: Any) -> ModelSpec:
 
 
 def _default_optimizer():
-    from ..optim import AdamW
-
     return AdamW()
 
 
@@ -325,9 +324,6 @@ def _normalize(gm: torch.fx.GraphModule) -> None:
 
 def _verify(program: Program) -> None:
     """Verify the captured program; what the model did that the opset refuses is a CaptureError."""
-    from ..errors import VerifyError
-    from ..verify import verify
-
     try:
         verify(program)
     except VerifyError as exc:

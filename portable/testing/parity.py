@@ -15,10 +15,13 @@ from collections.abc import Callable, Sequence
 
 import torch
 
+from ..backends import Target, get_backend
+from ..capture import capture, capture_spec, spec_of
 from ..errors import BackendError, CaptureError, InputError
 from ..ir.program import Program, ProgramKind
 from ..runtime import Executable
 from .compare import ParityRow, compare
+from .eager import eager_results
 from .mx_parity import FedReference, is_quantized, observed
 from .report import ParityReport
 from .runs import executable, reference_run
@@ -32,8 +35,6 @@ def _as_program(model_or_program, inputs) -> tuple[Program, tuple, torch.nn.Modu
     """The program, its inputs, and the eager model to compare with (when there is one)."""
     if isinstance(model_or_program, Program):
         return model_or_program, tuple(inputs), None
-    from ..capture import capture, capture_spec, spec_of
-
     spec = spec_of(model_or_program)
     if spec is not None:
         model = spec.build()
@@ -112,8 +113,6 @@ def _runnable(
 ) -> tuple[list[str], list[tuple[str, str]]]:
     """The backends that run here, and (backend, why) for the others (BackendError unless
     `skip_unavailable`)."""
-    from ..backends import Target, get_backend
-
     runnable, skipped = [], []
     for backend in backends:
         ok, why = get_backend(Target.parse(backend).backend).can_execute_here()
@@ -158,8 +157,6 @@ def _eager_rows(
     """The reference's run of all `steps` against the model run by eager PyTorch (a
     `torch.optim` loop for a training step), within the reference's allowance over the run;
     and what that allowance was measured from."""
-    from .eager import eager_results
-
     ref = reference_run(executable(program, reference), inputs, steps)
     eager = eager_results(program, model, inputs, loss_fn=loss_fn, steps=steps)
     rows = [

@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 import torch
 
+from .. import api
 from ..ir.program import Program, ProgramKind
 from ..ir.signature import OutputKind
 from ..optim import Optimizer
@@ -88,9 +89,7 @@ def reference_run(
 
 def executable(program: Program, backend: str) -> Executable:
     """`program` compiled for `backend` (BackendError where it cannot run)."""
-    from ..api import compile
-
-    return compile(program, backend=backend)
+    return api.compile(program, backend=backend)
 
 
 _SPREAD = f"{SPREAD_FACTOR:g} x the reference's spread under rounding-level input perturbation"

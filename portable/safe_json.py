@@ -15,12 +15,13 @@ import stat
 from pathlib import Path
 from typing import Any
 
+from .errors import PortableError
 from .limits import current
 
 __all__ = ["parse_json", "read_json"]
 
 
-def read_json(path: Path, error: type[Exception], *, fix: str) -> Any:
+def read_json(path: Path, error: type[PortableError], *, fix: str) -> Any:
     """Parse the JSON file at `path` (a regular file, at most max_json_bytes, not a FIFO)."""
     limit = current().max_json_bytes
     try:
@@ -36,7 +37,7 @@ def read_json(path: Path, error: type[Exception], *, fix: str) -> Any:
     return parse_json(data, str(path), error, fix=fix)
 
 
-def parse_json(data: bytes, where: str, error: type[Exception], *, fix: str) -> Any:
+def parse_json(data: bytes, where: str, error: type[PortableError], *, fix: str) -> Any:
     """Parse a JSON document from elsewhere: no NaN/Infinity literals, nesting at most
     `portable.limits` max_json_depth deep (so no later recursive walk can exhaust the stack),
     `error` on anything else wrong."""

@@ -64,12 +64,31 @@ _SYMBOLIC_TARGETS = {
 _SYMBOLIC_NAMES = {target: name for name, target in _SYMBOLIC_TARGETS.items()}
 
 
+# op traits: groups of ops that passes treat alike, declared once here (see TRAITS below)
+RESHAPE = "reshape"  # new shape, same elements in row-major order (view, reshape)
+PERMUTE = "permute"  # reorder dims (permute, transpose, t)
+UNIT_DIM = "unit-dim"  # insert or remove size-1 dims
+VIEW = "view"  # the result aliases its input's storage (CPU kernel, contiguous input)
+IDENTITY = "identity"  # the result holds the input's values unchanged (clone, alias)
+CAST = "cast"  # the input's values in another dtype
+ELEMENTWISE = "elementwise"  # each output element from the same-index input elements
+REDUCTION = "reduction"  # combines elements over dims
+COLLECTIVE = "collective"  # a value across the ranks of a mesh axis
+SHAPE_PRODUCING = "shape-producing"  # a size (SymInt), not a tensor
+MATMUL = "matmul"  # a matrix product
+
+
 @dataclasses.dataclass(frozen=True)
 class OpDef:
     name: str
     dtypes: str
     shape: str
     semantics: str
+    traits: frozenset[str] = frozenset()
+
+    def has(self, trait: str) -> bool:
+        """Whether this op carries `trait` (one of the trait names of this module)."""
+        return trait in self.traits
 
     @property
     def namespace(self) -> str:
@@ -444,17 +463,88 @@ _PORTABLE: tuple[OpDef, ...] = (
 )
 
 
-@functools.cache
-def opset_table() -> dict[str, OpDef]:
-    """name -> OpDef for every op in the opset (the portable:: ops are defined on import)."""
-    table = {}
-    for entry in (*_ATEN, *_PORTABLE):
+def _section(entries: tuple[OpDef, ...], first: str, last: str) -> tuple[str, ...]:
+    names = [e.name for e in entries]
+    return tuple(names[names.index(first) : names.index(last) + 1])
+
+
+# trait -> the ops that carry it. ELEMENTWISE is the "elementwise arithmetic" and "comparisons"
+# sections of _ATEN; the tests check each trait against its semantics.
+TRAITS: dict[str, tuple[str, ...]] = {
+    RESHAPE: ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default"),
+    PERMUTE: ("aten.permute.default", "aten.transpose.int", "aten.t.default"),
+    UNIT_DIM: ("aten.unsqueeze.default", "aten.squeeze.dim", "aten.squeeze.dims"),
+    VIEW: (
+        "aten.view.default",
+        "aten._unsafe_view.default",
+        "aten.reshape.default",
+        "aten.permute.default",
+        "aten.transpose.int",
+        "aten.t.default",
+        "aten.unsqueeze.default",
+        "aten.squeeze.dim",
+        "aten.squeeze.dims",
+        "aten.expand.default",
+        "aten.alias.default",
+        "aten.slice.Tensor",
+        "aten.select.int",
+    ),
+    IDENTITY: ("aten.clone.default", "aten.alias.default"),
+    CAST: ("aten._to_copy.default",),
+    ELEMENTWISE: _section(_ATEN, "aten.add.Tensor", "aten.isnan.default"),
+    REDUCTION: _section(_ATEN, "aten.sum.dim_IntList", "aten.var.correction"),
+    COLLECTIVE: (
+        "portable.all_reduce.default",
+        "portable.all_gather.default",
+        "portable.reduce_scatter.default",
+        "portable.all_to_all.default",
+        "portable.local_shard.default",
+    ),
+    SHAPE_PRODUCING: (
+        "aten.sym_size.int",
+        *(name for name in _SYMBOLIC_TARGETS),
+    ),
+    MATMUL: ("aten.mm.default", "aten.bmm.default", "aten.addmm.default"),
+}
+
+
+def _with_traits(entries: tuple[OpDef, ...]) -> dict[str, OpDef]:
+    table: dict[str, OpDef] = {}
+    for entry in entries:
         if entry.name in table:
             raise ValueError(f"opset entry {entry.name} is declared twice")
         if entry.shape not in SHAPE_RULES:
             raise ValueError(f"opset entry {entry.name} has unknown shape rule {entry.shape}")
         table[entry.name] = entry
+    for trait, names in TRAITS.items():
+        for name in names:
+            if name not in table:
+                raise ValueError(f"trait {trait} names {name}, which is not in the opset")
+            entry = table[name]
+            table[name] = dataclasses.replace(entry, traits=entry.traits | {trait})
     return table
+
+
+@functools.cache
+def opset_table() -> dict[str, OpDef]:
+    """name -> OpDef for every op in the opset (the portable:: ops are defined on import)."""
+    return _with_traits((*_ATEN, *_PORTABLE))
+
+
+@functools.cache
+def ops_with(*traits: str) -> frozenset:
+    """The node targets (op overloads, or Python operators for `sym.*`) of every op carrying
+    any of `traits`; a KeyError names an unknown trait."""
+    unknown = [t for t in traits if t not in TRAITS]
+    if unknown:
+        raise KeyError(f"unknown op trait {unknown[0]!r}; traits: {', '.join(TRAITS)}")
+    table = opset_table()
+    return frozenset(table[name].overload for t in traits for name in TRAITS[t])
+
+
+def has_trait(target, trait: str) -> bool:
+    """Whether the op a node target names carries `trait` (False for targets outside the opset)."""
+    return target in ops_with(trait)
 
 
 def op_name(target) -> str:

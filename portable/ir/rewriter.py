@@ -28,6 +28,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import Node
 
+from ..opset import op_name
 from .signature import TensorSpec
 
 __all__ = ["OP_NAME", "NewNode", "Pattern", "Rewriter"]
@@ -68,8 +69,6 @@ class Pattern:
 
 def short_name(target: Any) -> str:
     """`reshape` for aten.reshape.default, `getitem` for operator.getitem."""
-    from ..opset import op_name
-
     return "getitem" if target is operator.getitem else op_name(target).split(".")[1]
 
 

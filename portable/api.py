@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .backends import Target, get_backend, registry
 from .errors import BackendError
 from .ir.program import Program
 from .runtime import Executable
+
+if TYPE_CHECKING:
+    from .backends import Written
 
 
 def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001 (mirrors torch.compile)
@@ -25,15 +29,15 @@ def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001
             fix=f"backends that run here: {', '.join(runnable)}; "
             f"`portable lower --target {target}` still writes its artifacts",
         )
-    return impl.executable(impl.compile(impl.lower(program, target)))
+    return impl.executable(impl.write(impl.lower(program, target)))
 
 
 def lower(
     program: Program, target: str, out_dir: str | Path | None = None, options: object | None = None
-):
+) -> Written:
     """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`; `options` is
     the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None."""
     t = Target.parse(target)
     impl = get_backend(t.backend, options)
     lowered = impl.lower(program, t)
-    return impl.compile(lowered, Path(out_dir) if out_dir is not None else None)
+    return impl.write(lowered, Path(out_dir) if out_dir is not None else None)

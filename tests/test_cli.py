@@ -308,7 +308,7 @@ def test_failure_mid_lowering_leaves_nothing(tmp_path, capsys, monkeypatch, erro
         (out_dir / "partial.bin").write_bytes(b"half")
         raise error
 
-    monkeypatch.setattr(cpu_backend.CpuBackend, "compile", broken)
+    monkeypatch.setattr(cpu_backend.CpuBackend, "write", broken)  # the stage that writes
     out = tmp_path / "o"
     got, _, err = run(capsys, "lower", MLP, "-t", "cpu", "--out", str(out))
     assert got == code

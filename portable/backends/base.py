@@ -1,15 +1,25 @@
-"""The backend protocol: three stages, capabilities as data.
+"""The backend protocol: stages, capabilities as data, options parsed from the target string.
 
-    lower(program, target) -> Lowered        inspectable text / protos, no execution
-    compile(lowered, out_dir) -> Compiled    writes artifacts under out_dir (if given)
-    executable(compiled) -> Executable       loads it here (BackendError if it cannot run here)
-    run(executable, *inputs)                 one call
+    lower(program, target) -> Lowered         inspectable text / protos, no execution
+    write(lowered, out_dir) -> Written        writes the artifacts under out_dir (if given)
+    compile(written, toolchain, jobs)         runs the backend's toolchain on what was written
+                     -> CompileReport         (`Capabilities.toolchain`; nothing for most backends)
+    executable(written) -> Executable         loads it here (BackendError if it cannot run here)
+    run(executable, *inputs)                  one call
+    check(folder, archive) -> [CheckedProgram] re-checks written artifacts offline
+                                              (`Capabilities.checks`; `portable check`)
 
-A backend declares what it supports in `Capabilities`; tests check the claims against what really
-runs. Heavy imports (jax, triton, onnx) happen inside the backend's methods, never at import time.
-The optional packages a backend needs are declared as `Requirements`: without them the backend is
-still registered and listed (with what is missing and the `pip install` that adds it), and every
-use of it (`capabilities`, `lower`) is refused with that message as a `BackendError`.
+A backend declares what it supports in `Capabilities`, plain data that imports nothing heavy;
+tests check the claims against what really runs. Heavy imports (jax, triton, onnx) happen inside
+the stages, never at import time. The optional packages a backend needs are its capabilities'
+`requires` (and the `extra` of portable that installs them): without them the backend is still
+registered and listed (with what is missing and the `pip install` that adds it), and every use of
+it (`check_target`, and so `lower`) is refused with that message as a `BackendError`, checked
+here once for every backend.
+
+Options are a frozen dataclass (`options_type`) parsed from the target string with the pass-option
+grammar (`cuda{aot=true}`, `neuron:trn3{fp64=error}`, see `options.py`). `compile(lowered,
+out_dir)`, the name `write` had before, still writes (for callers written before the stages).
 """
 
 from __future__ import annotations
@@ -17,29 +27,57 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib.util
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Protocol, overload
 
-from portable.errors import BackendError, LoweringError
+from portable.errors import BackendError, LoweringError, PortableError
 from portable.ir.program import Program, ProgramKind
 from portable.ir.source import source_of
 from portable.opset import lookup, op_name
 from portable.runtime import Executable
 
-__all__ = ["Backend", "Capabilities", "Compiled", "Lowered", "Requirements", "Target"]
+__all__ = [
+    "Backend",
+    "Capabilities",
+    "CheckedProgram",
+    "CompileReport",
+    "Compiled",
+    "Finding",
+    "Lowered",
+    "Requirements",
+    "Target",
+    "Toolchain",
+    "CompilerMissingError",
+    "Written",
+]
 
 
 @dataclasses.dataclass(frozen=True)
 class Target:
-    """`backend[:variant]`, e.g. `cpu`, `neuron:trn3`, `cuda:sm_100`."""
+    """`backend[:variant][{options}]`, e.g. `cpu`, `neuron:trn3`, `cuda:sm_100`,
+    `cuda{aot=true}`. `options` is the text between the braces, parsed by the backend
+    (`Backend.parse_options`); it is not part of the target's name (`str`), which names its
+    folder and manifest entry."""
 
     backend: str
     variant: str | None = None
+    options: str = ""
 
     @staticmethod
     def parse(text: str) -> Target:
-        backend, _, variant = text.partition(":")
-        return Target(backend.strip(), variant.strip() or None)
+        head, brace, rest = text.partition("{")
+        if brace and not rest.rstrip().endswith("}"):
+            raise BackendError(
+                f"cannot parse target {text!r}: its options do not end with `}}`",
+                fix="write backend[:variant]{key=value,...}",
+            )
+        backend, _, variant = head.partition(":")
+        options = rest.rstrip()[:-1].strip() if brace else ""
+        return Target(backend.strip(), variant.strip() or None, options)
+
+    def with_variant(self, variant: str | None) -> Target:
+        return dataclasses.replace(self, variant=variant)
 
     def __str__(self) -> str:
         return f"{self.backend}:{self.variant}" if self.variant else self.backend
@@ -71,6 +109,8 @@ def _findable(module: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Capabilities:
+    """What a backend claims, as data (building it imports none of `requires`)."""
+
     ops: frozenset[str] | None  # opset names it lowers; None means every op in the opset
     program_kinds: frozenset[ProgramKind]
     variants: tuple[str, ...] = ()  # accepted target variants; empty means none
@@ -79,6 +119,17 @@ class Capabilities:
     combines_variants: bool = False
     # the variant a bare target means (`neuron` is `neuron:trn3`); None: a bare target has none
     default_variant: str | None = None
+    # the optional packages (importable names) every stage needs, and the extra of portable that
+    # installs them (default: the backend's name)
+    requires: tuple[str, ...] = ()
+    extra: str | None = None
+    # False: `portable backends` shows these claims only where `requires` is installed (xla's and
+    # neuron's op lists are their JAX rule table's, which does not run without JAX)
+    listed_without_requires: bool = True
+    # the toolchain `compile` runs on the written artifacts (`lower --compile`); None: none
+    toolchain: str | None = None
+    # whether `check` re-checks written artifacts offline (`portable check`)
+    checks: bool = False
 
     def supports_op(self, name: str) -> bool:
         return self.ops is None or name in self.ops
@@ -93,18 +144,107 @@ class Lowered:
 
 
 @dataclasses.dataclass
-class Compiled:
+class Written:
+    """What `write` produced: the artifacts under `out_dir` (none without one)."""
+
     lowered: Lowered
     files: list[Path] = dataclasses.field(default_factory=list)  # artifacts written
     payload: Any = None
+    out_dir: Path | None = None
+
+
+Compiled = Written  # the name of `Written` before the stages had their own names
+
+
+@dataclasses.dataclass(frozen=True)
+class Toolchain:
+    """A compiler `compile` runs, as found on this machine."""
+
+    name: str  # e.g. "neuronx-cc"
+    version: str
+
+
+class CompilerMissingError(PortableError):
+    """`compile` was asked for, and the toolchain it needs is not installed here (`portable`
+    exits 7)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class CompileReport:
+    """What `compile` did: one record per program (`program`, `status` ("pass" or why not),
+    `seconds`, `error` (the rendered error, or None), and whatever else the backend records),
+    with the number of compilers run at once. No programs: nothing to compile."""
+
+    toolchain: Toolchain | None
+    jobs: int
+    programs: tuple[dict[str, Any], ...] = ()
+
+    @property
+    def ok(self) -> bool:
+        return all(p["status"] == "pass" for p in self.programs)
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "compiler": self.toolchain.name if self.toolchain else None,
+            "version": self.toolchain.version if self.toolchain else None,
+            "jobs": self.jobs,
+            "ok": self.ok,
+            "programs": [dict(p) for p in self.programs],
+        }
+
+
+class Finding(Protocol):
+    """One problem `check` found (the neuron validator's findings are one kind)."""
+
+    @property
+    def is_error(self) -> bool: ...  # False: a warning
+
+    def render(self) -> str: ...  # lines for a terminal
+
+    def to_json(self) -> dict[str, Any]: ...
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckedProgram:
+    """The findings of `check` on one written program."""
+
+    key: str  # the program's name within its folder
+    path: Path  # where its artifacts are
+    target: str | None  # the variant it was written for, as recorded
+    findings: Sequence[Finding]
+
+    @property
+    def errors(self) -> int:
+        return sum(f.is_error for f in self.findings)
+
+    @property
+    def warnings(self) -> int:
+        return len(self.findings) - self.errors
 
 
 class Backend(abc.ABC):
+    """A backend: the stages of the module docstring over its `capabilities()`.
+
+    Subclasses set `name`, implement `capabilities`, `lower` and `executable`, and override
+    `write` (default: each of `lowered.texts` as a file), `compile`/`find_toolchain` (with a
+    `toolchain`), `check` (with `checks`), `check_options` and `options_type` where they have
+    them. A subclass built with options takes them as its one constructor argument."""
+
     name: str = ""
-    requirements: ClassVar[Requirements | None] = None  # optional packages it needs
+    options_type: ClassVar[type | None] = None  # its options, a frozen dataclass (or None)
+
+    def __init__(self, options: Any = None) -> None:
+        self.options = options
 
     @abc.abstractmethod
-    def capabilities(self) -> Capabilities: ...
+    def capabilities(self) -> Capabilities:
+        """The claims, as data: imports nothing of `requires`, never refused."""
+
+    @property
+    def requirements(self) -> Requirements | None:
+        """The optional packages it needs (`Capabilities.requires`) and their `pip install`."""
+        caps = self.capabilities()
+        return Requirements(caps.requires, caps.extra or self.name) if caps.requires else None
 
     def can_execute_here(self) -> tuple[bool, str]:
         """(True, "") or (False, why) for this machine; by default, whether the optional
@@ -135,18 +275,86 @@ class Backend(abc.ABC):
                 fix=self.requirements.install,
             )
 
+    @classmethod
+    def option_names(cls) -> frozenset[str]:
+        """The fields of its `options_type` (none without one)."""
+        from .options import fields_of
+
+        return fields_of(cls)
+
+    @classmethod
+    def parse_options(cls, text: str = "", **given: Any) -> Any:
+        """Its options from the text between a target's braces (`aot=true`), with `given`
+        (flags of a command line) for the fields it has: None when there is neither, a
+        BackendError for text or values it does not take."""
+        from .options import parse_options
+
+        return parse_options(cls, text, given)
+
+    # stages ---------------------------------------------------------------------------------
+
     @abc.abstractmethod
     def lower(self, program: Program, target: Target) -> Lowered: ...
 
-    @abc.abstractmethod
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled: ...
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
+        """Write the artifacts under `out_dir` (nothing without one). By default each of
+        `lowered.texts` is one file."""
+        files = []
+        if out_dir is not None:
+            for name, text in lowered.texts.items():
+                path = Path(out_dir) / name
+                path.write_text(text)
+                files.append(path)
+        return Written(lowered, files, lowered.payload, out_dir)
+
+    @overload
+    def compile(self, subject: Lowered, out_dir: Path | None = None, /) -> Written: ...
+
+    @overload
+    def compile(
+        self, subject: Written, toolchain: Toolchain | None = None, jobs: int | None = None, /
+    ) -> CompileReport: ...
+
+    def compile(
+        self, subject: Any, toolchain: Any = None, jobs: int | None = None, /, **old: Any
+    ) -> Any:
+        """Run the toolchain (`find_toolchain()`) on `written`, with at most `jobs` compilers at
+        once (None: the backend's default); paths in the records are relative to the folder
+        above the written one. Backends without a toolchain have nothing to compile (a report
+        without programs). Given a `Lowered` (the calls written before `write` had its name),
+        `compile(lowered, out_dir)` is `write(lowered, out_dir)`."""
+        if isinstance(subject, Lowered):
+            return self.write(subject, old.get("out_dir", toolchain))
+        return self.compile_written(subject, toolchain or self.find_toolchain(), jobs)
+
+    def compile_written(
+        self, written: Written, toolchain: Toolchain, jobs: int | None
+    ) -> CompileReport:
+        """`compile` for a backend with a toolchain; by default there is nothing to compile."""
+        return CompileReport(toolchain, 0)
+
+    def find_toolchain(self) -> Toolchain:
+        """The toolchain of `Capabilities.toolchain` on this machine (CompilerMissingError
+        saying how to install it when it is not here)."""
+        raise CompilerMissingError(f"backend {self.name} has no toolchain to compile with")
 
     @abc.abstractmethod
-    def executable(self, compiled: Compiled) -> Executable: ...
+    def executable(self, compiled: Written) -> Executable: ...
 
-    def run(self, executable: Executable, *inputs):
+    def run(self, executable: Executable, *inputs: Any) -> Any:
         """Run one call (inference outputs, or one training step's StepResult)."""
         return executable(*inputs)
+
+    def check(self, folder: Path, archive: Program | None = None) -> list[CheckedProgram]:
+        """Re-check what `write` wrote under `folder` without the toolchain (`Capabilities.checks`);
+        `archive` is the program it was lowered from, when known (findings then name its nodes
+        and source lines). By default there is nothing to check."""
+        return []
+
+    def check_options(self) -> None:
+        """Refuse, before any work, options this machine cannot honour (BackendError). By
+        default every option can be honoured anywhere."""
+        return None
 
     # shared checks --------------------------------------------------------------------------
 
@@ -192,6 +400,11 @@ class Backend(abc.ABC):
                     + _alternatives(name, caps.ops or frozenset())
                     + "; or run this program on another backend (`portable backends`)",
                 )
+
+
+# the built-in backends whose capabilities declare `per_rank` (a test checks this against them;
+# a plug-in's claim is its own Capabilities)
+PER_RANK_BUILTINS = ("cpu", "neuron", "xla")
 
 
 def _alternatives(name: str, ops: frozenset[str]) -> str:

@@ -1,12 +1,11 @@
 """`cpu`: the reference backend. Executes the program's graph with eager PyTorch.
 
-Every other backend is compared against it. Lowering is the identity on the graph; compiling
-writes the program's stable text form. Every opset op with a CPU kernel is supported.
+Every other backend is compared against it. Lowering is the identity on the graph; `write` (the
+protocol's default) writes the program's stable text form. Every opset op with a CPU kernel is
+supported.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import torch
 
@@ -29,15 +28,6 @@ class CpuBackend(Backend):
     def lower(self, program: Program, target: Target) -> Lowered:
         self.check_program(program, target)
         return Lowered(program, target, texts={"graph.txt": program.text()})
-
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
-        files = []
-        if out_dir is not None:
-            for name, text in lowered.texts.items():
-                path = out_dir / name
-                path.write_text(text)
-                files.append(path)
-        return Compiled(lowered, files)
 
     def executable(self, compiled: Compiled) -> Executable:
         program = compiled.lowered.program

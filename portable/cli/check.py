@@ -1,35 +1,31 @@
-"""`portable check DIR`: run the neuron offline validator again on written artifacts.
+"""`portable check DIR`: the offline checks of each backend again, on written artifacts.
 
-For every `DIR/neuron_*/programs/<key>/` (DIR is a `portable lower` output, or one neuron target
-folder itself) the program's files are checked, and its `model/graph.hlo` is read back and run
-through the validator of the neuron backend (`backends/neuron/validate.py`) with the target and
-options recorded in that folder's `manifest.json`. When DIR holds the archive the program was
-lowered from (`program.portable`, same content hash), findings name graph nodes and user source
-lines, and the HBM estimate and the HLO/signature interface are checked too.
-
-File checks (errors): graph.hlo present and parseable; command.txt a `neuronx-cc compile` command
-whose input exists, whose `--target` is the manifest's and whose int64 flags are pinned.
-graph.hlo differing from the sha256 the manifest recorded is a warning (`artifact-modified`).
+DIR is a `portable lower` output, or one target folder of one. The targets of the output's
+`manifest.json` whose backend checks its artifacts (`Capabilities.checks`; neuron: the offline
+validator and file checks, backends/neuron/check.py) are checked with `Backend.check`, which
+returns the findings per program. When the output holds the archive the program was lowered
+from (`program.portable`), the backend is given it (neuron's findings then name graph nodes and
+user source lines).
 
 Exit 0 when no program has an error finding (warnings are printed; `--strict` makes them count),
-6 (CHECK_FINDINGS) otherwise; 3 when DIR holds no neuron program; 4 when the neuron backend's
-packages (jax, which parses the HLO) are not installed.
+6 (CHECK_FINDINGS) otherwise; 3 when DIR holds no program such a backend wrote; 4 when a
+backend's optional packages are not installed (neuron: jax, which parses the HLO).
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
-import hashlib
 import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import PortableError
 from .exit_codes import EPILOG, ExitCode
+from .manifest import read_manifest
 
 if TYPE_CHECKING:
-    from ..backends.neuron.findings import Finding
+    from ..backends import Backend, CheckedProgram
     from ..ir.program import Program
 
 __all__ = ["add_parser", "check_dir", "run"]
@@ -39,29 +35,26 @@ ARCHIVE = "program.portable"
 
 @dataclasses.dataclass(frozen=True)
 class ProgramReport:
-    folder: str  # the neuron target folder, relative to DIR ("neuron_trn3", or "." for DIR)
-    key: str
-    path: Path
-    target: str | None
-    findings: list[Finding]
+    folder: str  # the target folder, relative to DIR ("neuron_trn3", or "." for DIR)
+    checked: CheckedProgram
 
     @property
     def errors(self) -> int:
-        return sum(f.severity.value == "error" for f in self.findings)
+        return self.checked.errors
 
     @property
     def warnings(self) -> int:
-        return len(self.findings) - self.errors
+        return self.checked.warnings
 
     def to_json(self) -> dict[str, Any]:
         return {
             "folder": self.folder,
-            "program": self.key,
-            "path": self.path.as_posix(),
-            "target": self.target,
+            "program": self.checked.key,
+            "path": self.checked.path.as_posix(),
+            "target": self.checked.target,
             "errors": self.errors,
             "warnings": self.warnings,
-            "findings": [f.to_json() for f in self.findings],
+            "findings": [f.to_json() for f in self.checked.findings],
         }
 
 
@@ -69,9 +62,9 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p = sub.add_parser(
         "check",
         parents=parents,
-        help="run the neuron offline validator on the programs of a lowered output",
-        description="Check every program under DIR/neuron_*/programs/ (or DIR/programs/) with "
-        "the neuron backend's offline validator: what neuronx-cc would reject, found without it.",
+        help="run the backends' offline checks (neuron: its validator) on a lowered output",
+        description="Check every program under DIR's target folders with its backend's offline "
+        "checks (neuron: what neuronx-cc would reject, found without it).",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -99,9 +92,9 @@ def run(args: argparse.Namespace) -> int:
         print(json.dumps(doc, indent=2))
         return code
     for report in reports:
-        where = report.path.as_posix()
+        where = report.checked.path.as_posix()
         print(f"{where}: {report.errors} error(s), {report.warnings} warning(s)")
-        for finding in report.findings:
+        for finding in report.checked.findings:
             print("".join(f"  {line}\n" for line in finding.render().splitlines()), end="")
     verdict = "FINDINGS" if failed else "ok"
     print(
@@ -112,136 +105,73 @@ def run(args: argparse.Namespace) -> int:
 
 
 def check_dir(out: Path) -> list[ProgramReport]:
-    """One report per neuron program under `out` (PortableError if there is none; BackendError
-    when the neuron backend's packages, which read and validate the HLO, are missing)."""
-    from ..backends import get_backend
-
-    get_backend("neuron").require()
+    """One report per program under `out` that a checking backend wrote (PortableError if there
+    is none; BackendError when such a backend's optional packages are missing)."""
     out = Path(out)
-    folders = [out] if (out / "programs").is_dir() else sorted(out.glob("neuron_*/"))
-    archive = _archive(out if folders != [out] else out.parent)
+    folders = _target_folders(out)
+    for backend, _ in folders:
+        backend.require()
+    archive = _archive(out if folders and folders[0][1] != out else out.parent)
     reports = []
-    for folder in folders:
-        manifest = _neuron_manifest(folder)
-        for program_dir in _program_dirs(folder):
-            findings, target = _check_program(program_dir, manifest, archive)
-            name = folder.relative_to(out).as_posix() if folder != out else "."
-            reports.append(ProgramReport(name, program_dir.name, program_dir, target, findings))
+    for backend, folder in folders:
+        name = folder.relative_to(out).as_posix() if folder != out else "."
+        reports += [ProgramReport(name, c) for c in backend.check(folder, archive)]
     if not reports:
+        names = _checking_backends()
+        kinds = " or ".join(n for n, _ in names) or "checked"
+        example = f"{names[0][0]}:{names[0][1]}" if names and names[0][1] else "T"
         raise PortableError(
-            f"{out} holds no neuron program (no neuron_*/programs/<key>/ and no programs/<key>/)",
-            fix="point at a `portable lower ... --target neuron:trn3 --out DIR` output",
+            f"{out} holds no {kinds} program (no such target folder with programs in a "
+            "`portable lower` output, and not one such folder)",
+            fix=f"point at a `portable lower ... --target {example} --out DIR` output",
         )
     return reports
 
 
-# one program --------------------------------------------------------------------------------------
+def _target_folders(out: Path) -> list[tuple[Backend, Path]]:
+    """The (backend, folder) of each checked target: those of `out`'s manifest, or `out` itself
+    when its parent's manifest lists it."""
+    manifest = read_manifest(out)
+    if manifest is not None:
+        entries, root = manifest.get("targets", []), out
+    else:
+        parent = read_manifest(out.parent) or {}
+        entries = [t for t in parent.get("targets", []) if t.get("dir") == out.name]
+        root = out.parent
+    folders = []
+    for entry in entries:
+        backend = _checker(entry.get("target"))
+        if backend is not None and isinstance(entry.get("dir"), str):
+            folders.append((backend, root / entry["dir"]))
+    return folders
 
 
-def _check_program(
-    program_dir: Path, manifest: dict[str, Any], archive: Program | None
-) -> tuple[list[Finding], str | None]:
-    from ..backends.neuron.command import HLO_FILE
-    from ..backends.neuron.findings import merge
+def _checker(target: object) -> Backend | None:
+    """The backend of a manifest's target when it checks its artifacts (None otherwise)."""
+    from ..backends import Target, get_backend, registry
 
-    record = _program_record(manifest, program_dir.name)
-    variant = manifest.get("target", {}).get("variant")
-    findings = _command_findings(program_dir, variant)
-    hlo = program_dir / HLO_FILE
-    if not hlo.is_file():
-        return findings + [_artifact_error("artifact-hlo", f"{HLO_FILE} is missing")], variant
-    proto = hlo.read_bytes()
-    recorded = record.get("hlo_sha256")
-    if recorded and recorded != hashlib.sha256(proto).hexdigest():
-        findings.append(
-            _artifact_warning(
-                "artifact-modified",
-                f"{HLO_FILE} is not the file this output was lowered with (its sha256 differs "
-                "from the neuron manifest's hlo_sha256)",
-                "lower again if the change was not deliberate",
-            )
-        )
-    try:
-        findings += _validate_written(proto, manifest, record, archive)
-    except PortableError as exc:
-        findings.append(_artifact_error("artifact-hlo", str(exc).splitlines()[0]))
-    return merge(findings), variant
-
-
-def _validate_written(
-    proto: bytes, manifest: dict[str, Any], record: dict[str, Any], archive: Program | None
-) -> list[Finding]:
-    """The validator on a written graph.hlo, in the backend's context: the recorded target and
-    options, and (when the archive matches) the program as lowered, its kept inputs and memory
-    estimate, and a per-rank program's rank layout and rank input (`validate_lowered`, the
-    context NeuronBackend.lower validates in)."""
-    from ..backends.neuron.fp64 import downcast_fp64
-    from ..backends.neuron.hlo import module_from_proto
-    from ..backends.neuron.options import NeuronOptions
-    from ..backends.neuron.targets import resolve_target
-    from ..backends.neuron.validate import validate, validate_lowered
-
-    try:
-        module = module_from_proto(proto)
-    except Exception as exc:  # XLA's parser: a truncated or foreign file
-        raise PortableError(f"graph.hlo is not a serialized HloModuleProto: {exc}") from exc
-    target = resolve_target(manifest.get("target", {}).get("variant"))
-    fields = {f.name for f in dataclasses.fields(NeuronOptions)}
-    options = NeuronOptions(**{k: v for k, v in manifest.get("options", {}).items() if k in fields})
-    program = archive
-    if program is not None and program.content_hash != manifest.get("program", {}).get(
-        "content_hash"
-    ):
-        program = None  # not the program this folder was lowered from: no node mapping
-    if program is None:
-        return validate(module, target, options)
-    if options.fp64 == "downcast":
-        program, _ = downcast_fp64(program)
-    kept, rank = _kept(program, record), _rank_parameter(record)
-    return validate_lowered(module, target, options, program, kept=kept, rank_parameter=rank)[0]
-
-
-def _kept(program: Program, record: dict[str, Any]) -> list[int] | None:
-    """Signature inputs that are HLO parameters, from the io spec (None: all of them)."""
-    inputs = record.get("io_spec", {}).get("inputs")
-    if inputs is None:
+    if not isinstance(target, str):
         return None
-    index = {spec.name: k for k, spec in enumerate(program.signature.inputs)}
-    return [index[i["name"]] for i in inputs if i.get("name") in index]
+    name = Target.parse(target).backend
+    if name not in registry.names():
+        return None
+    backend = get_backend(name)
+    return backend if backend.capabilities().checks else None
 
 
-def _rank_parameter(record: dict[str, Any]) -> int | None:
-    """The HLO parameter number of a per-rank program's int32 rank input (io spec role "rank"),
-    or None when the program takes none."""
-    inputs = record.get("io_spec", {}).get("inputs") or []
-    ranks = [i.get("index") for i in inputs if isinstance(i, dict) and i.get("role") == "rank"]
-    return ranks[0] if len(ranks) == 1 and isinstance(ranks[0], int) else None
+def _checking_backends() -> list[tuple[str, str | None]]:
+    """(name, default variant) of the registered backends that check their artifacts."""
+    from ..backends import get_backend, registry
 
-
-def _command_findings(program_dir: Path, variant: str | None) -> list[Finding]:
-    from ..backends.neuron.command import INT64_FLAGS
-    from ..backends.neuron.compile import COMMAND, COMPILER, read_command
-
-    fix = "lower again (`portable lower ... --target neuron`); command.txt is written by portable"
-    try:
-        argv = read_command(program_dir)
-    except (OSError, PortableError) as exc:
-        return [_artifact_error("artifact-command", f"{COMMAND}: {str(exc).splitlines()[0]}", fix)]
-    problems = []
-    if argv[:2] != [COMPILER, "compile"]:
-        problems.append(f"it is not a `{COMPILER} compile` command")
-    inputs = [a for a in argv[2:] if not a.startswith("-") and a.endswith(".hlo")]
-    if len(inputs) != 1 or not (program_dir / inputs[0]).is_file():
-        problems.append(f"its input {inputs or '(none)'} is not a file of the program")
-    if variant is not None and f"--target={variant}" not in argv:
-        problems.append(f"its --target is not the manifest's {variant}")
-    missing = [flag for flag in INT64_FLAGS if flag not in argv]
-    if missing:
-        problems.append(f"the int64 flags are not pinned ({', '.join(missing)} missing)")
-    return [_artifact_error("artifact-command", f"{COMMAND}: {p}", fix) for p in problems]
-
-
-# files ------------------------------------------------------------------------------------------
+    rows = []
+    for name in registry.names():
+        try:
+            caps = get_backend(name).capabilities()
+        except PortableError:  # a plug-in that cannot be loaded
+            continue
+        if caps.checks:
+            rows.append((name, caps.default_variant))
+    return rows
 
 
 def _archive(folder: Path) -> Program | None:
@@ -253,37 +183,4 @@ def _archive(folder: Path) -> Program | None:
     try:
         return load(path)
     except PortableError:
-        return None  # a damaged archive only costs the node mapping; the HLO is still checked
-
-
-def _neuron_manifest(folder: Path) -> dict[str, Any]:
-    try:
-        data = json.loads((folder / "manifest.json").read_text())
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
-
-
-def _program_record(manifest: dict[str, Any], key: str) -> dict[str, Any]:
-    for record in manifest.get("programs", []):
-        if isinstance(record, dict) and record.get("key") == key:
-            return record
-    return {}
-
-
-def _program_dirs(folder: Path) -> list[Path]:
-    """Every directory under `programs/` (one without command.txt or graph.hlo is a finding)."""
-    root = folder / "programs"
-    return sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else []
-
-
-def _artifact_error(code: str, what: str, fix: str | None = None) -> Finding:
-    from ..backends.neuron.findings import Finding, Severity
-
-    return Finding(Severity.ERROR, code, what, fix or "lower again (`portable lower`)")
-
-
-def _artifact_warning(code: str, what: str, fix: str) -> Finding:
-    from ..backends.neuron.findings import Finding, Severity
-
-    return Finding(Severity.WARNING, code, what, fix)
+        return None  # a damaged archive only costs the node mapping; the files are still checked

@@ -1,12 +1,13 @@
-"""`lower --compile`: run neuronx-cc on the programs of the `neuron` targets just lowered.
+"""`lower --compile`: run each target's toolchain on the programs just written.
 
-`require_compiler(targets)` runs before capture: `--compile` needs at least one `neuron` target
-(PortableError, exit 3) and `neuronx-cc` on PATH (CompilerMissingError, exit 7), so a long
-capture is never wasted. `compile_targets` compiles each neuron target's programs in parallel
-(`portable.backends.neuron.compile.compile_all`), refreshes the target's file records (the NEFFs
-and logs join the output) and stores a `compile` record in its manifest entry. A failed program
-does not stop the others and the output is still written (exit 8, like a parity mismatch);
-messages name the final DIR, not the staging directory they were produced in.
+A backend with a toolchain declares it (`Capabilities.toolchain`, e.g. neuron's `neuronx-cc`) and
+implements the `compile` stage. `require_toolchains` runs before capture: `--compile` needs at
+least one target whose backend has a toolchain (PortableError, exit 3) and that toolchain on this
+machine (`Backend.find_toolchain`; CompilerMissingError, exit 7), so a long capture is never
+wasted. `compile_targets` runs `Backend.compile` on each such target's folder, refreshes its file
+records (what the compiler wrote joins the output) and stores a `compile` record in its manifest
+entry. A failed program does not stop the others and the output is still written (exit 8, like a
+parity mismatch); messages name the final DIR, not the staging directory they were produced in.
 """
 
 from __future__ import annotations
@@ -15,82 +16,103 @@ import dataclasses
 from pathlib import Path
 from typing import Any
 
-from ..backends import Target
+from ..backends import Backend, Target, Toolchain, Written, get_backend, registry
 from ..errors import PortableError
-from .exit_codes import CompilerMissingError
 from .manifest import file_records
 from .progress import Progress
 
-__all__ = ["COMPILED_BACKENDS", "CompileOutcome", "compile_targets", "require_compiler"]
-
-COMPILED_BACKENDS = ("neuron",)  # backends whose artifacts `--compile` hands to a compiler
+__all__ = ["CompileOutcome", "compile_targets", "require_toolchains"]
 
 
 @dataclasses.dataclass(frozen=True)
 class CompileOutcome:
     ok: bool
-    errors: list[str]  # one rendered NeuronCompileError per failed program, paths under DIR
+    errors: list[str]  # one rendered compile error per failed program, paths under DIR
 
 
-def require_compiler(targets: list[Target]) -> str:
-    """The compiler version, after checking `--compile` has something to do and a compiler."""
-    if not any(t.backend in COMPILED_BACKENDS for t in targets):
+def compiles(backend: Backend) -> bool:
+    """Whether `--compile` has something to do for this backend's targets."""
+    return backend.capabilities().toolchain is not None
+
+
+def require_toolchains(
+    targets: list[Target], backends: dict[Target, Backend]
+) -> dict[Target, Toolchain]:
+    """The toolchain of each target that has one, after checking there is one."""
+    chosen = [t for t in targets if compiles(backends[t])]
+    if not chosen:
         raise PortableError(
-            "--compile compiles neuron targets, and none was given "
+            f"--compile compiles {_compiled_kinds()} targets, and none was given "
             f"(targets: {', '.join(map(str, targets))})",
-            fix="add --target neuron:trn3 (or another neuron variant), or drop --compile",
+            fix=_compile_fix(),
         )
-    from ..backends.neuron.compile import COMPILER, neuronx_cc_available
-
-    ok, version = neuronx_cc_available()
-    if not ok:
-        raise CompilerMissingError(
-            f"--compile needs the Neuron compiler: {version}",
-            fix=f"install {COMPILER} from AWS's Neuron pip repository (the PyPI package of that "
-            "name is a placeholder) and put it on PATH; or drop --compile: the output holds "
-            "everything needed, and DIR/<neuron target>/scripts/compile.sh compiles it on a host "
-            "with the compiler",
-        )
-    return version
+    found: dict[str, Toolchain] = {}
+    for target in chosen:
+        if target.backend not in found:
+            found[target.backend] = backends[target].find_toolchain()  # CompilerMissingError
+    return {t: found[t.backend] for t in chosen}
 
 
 def compile_targets(
     entries: list[dict[str, Any]],
+    written: list[Written],
     targets: list[Target],
-    root: Path,
-    out: Path,
+    backends: dict[Target, Backend],
+    toolchains: dict[Target, Toolchain],
     progress: Progress,
     *,
-    version: str,
+    root: Path,
+    out: Path,
     jobs: int | None,
 ) -> CompileOutcome:
-    """Compile the neuron targets among `entries` (manifest target records, written under
-    `root`, which becomes `out`); add `compile` to each and refresh its `files`."""
-    from ..backends.neuron.compile import COMPILER, compile_all, default_jobs, find_programs
-
+    """Compile the targets among `entries` (manifest target records, written under `root`,
+    which becomes `out`) that have a toolchain; add `compile` to each and refresh its `files`."""
     errors: list[str] = []
-    for entry, target in zip(entries, targets, strict=True):
-        if target.backend not in COMPILED_BACKENDS:
+    for entry, done, target in zip(entries, written, targets, strict=True):
+        toolchain = toolchains.get(target)
+        if toolchain is None:
             continue
-        folder = root / entry["dir"]
-        workers = jobs or default_jobs(len(find_programs(folder)))
-        with progress.stage(f"compile:{target}", f"compiling {target} with {COMPILER} {version}"):
-            results = compile_all(folder, jobs=workers)
+        what = f"compiling {target} with {toolchain.name} {toolchain.version}"
+        with progress.stage(f"compile:{target}", what):
+            report = backends[target].compile(done, toolchain, jobs)
         base = root.resolve()
-        entry["compile"] = {
-            "compiler": COMPILER,
-            "version": version,
-            "jobs": workers,
-            "ok": all(r.ok for r in results),
-            "programs": [_final_paths(r.to_json(base), base, out) for r in results],
-        }
-        entry["files"] = file_records(root, folder)
-        for record in entry["compile"]["programs"]:
-            status = "ok" if record["status"] == "pass" else record["status"]
-            progress.note(f"{record['program']}: {status} ({record['seconds']:.1f}s)")
-            if record["error"]:
-                errors.append(f"{target}: {record['error']}")
+        record = report.to_json()
+        record["programs"] = [_final_paths(p, base, out) for p in record["programs"]]
+        entry["compile"] = record
+        entry["files"] = file_records(root, root / entry["dir"])
+        for program in record["programs"]:
+            status = "ok" if program["status"] == "pass" else program["status"]
+            progress.note(f"{program['program']}: {status} ({program['seconds']:.1f}s)")
+            if program["error"]:
+                errors.append(f"{target}: {program['error']}")
     return CompileOutcome(not errors, errors)
+
+
+def _compiling_backends() -> list[tuple[str, Backend]]:
+    rows = []
+    for name in registry.names():
+        try:
+            backend = get_backend(name)
+            if compiles(backend):
+                rows.append((name, backend))
+        except PortableError:  # a plug-in that cannot be loaded (RegistryError)
+            continue
+    return rows
+
+
+def _compiled_kinds() -> str:
+    return " or ".join(name for name, _ in _compiling_backends()) or "no"
+
+
+def _compile_fix() -> str:
+    rows = _compiling_backends()
+    if not rows:
+        return "drop --compile: no registered backend has a toolchain"
+    name, backend = rows[0]
+    variant = backend.capabilities().default_variant
+    if variant is None:
+        return f"add --target {name}, or drop --compile"
+    return f"add --target {name}:{variant} (or another {name} variant), or drop --compile"
 
 
 def _final_paths(record: dict[str, Any], staging: Path, out: Path) -> dict[str, Any]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import enum
 
+from ..backends import CompilerMissingError
 from ..errors import BackendError, PortableError
 
 __all__ = ["CompilerMissingError", "ExitCode", "OutputConflictError", "exit_code_for"]
@@ -18,8 +19,8 @@ class ExitCode(enum.IntEnum):
     BACKEND_ERROR = 4  # a backend cannot lower or compile the program; a `portable run` rank failed
     OUTPUT_CONFLICT = 5  # --out exists and holds foreign content, or needs --force
     CHECK_FINDINGS = 6  # `portable check` found problems in the artifacts
-    COMPILER_MISSING = 7  # --compile, and neuronx-cc is not on PATH (nothing was written)
-    COMPILE_FAILED = 8  # --compile: neuronx-cc failed on a program; the output was still written
+    COMPILER_MISSING = 7  # --compile, and a target's compiler (neuronx-cc) is not installed
+    COMPILE_FAILED = 8  # --compile: a compiler failed on a program; the output was still written
     INTERNAL_ERROR = 70  # a bug (unexpected exception); the traceback is printed
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT); no partial output is left
     TERMINATED = 143  # SIGTERM (128 + SIGTERM); no partial output is left
@@ -43,10 +44,6 @@ EPILOG = """exit codes:
 
 class OutputConflictError(PortableError):
     """`--out` names a path that holds foreign content, or an earlier output without --force."""
-
-
-class CompilerMissingError(PortableError):
-    """`--compile` was asked for, and the compiler it needs is not installed here."""
 
 
 def exit_code_for(exc: BaseException) -> ExitCode:

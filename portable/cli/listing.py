@@ -16,7 +16,7 @@ import typing
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from ..errors import BackendError, PortableError
+from ..errors import PortableError
 from .table import format_table
 
 if TYPE_CHECKING:
@@ -49,13 +49,11 @@ def backends() -> list[Row]:
 def _backend_row(name: str, backend: Backend) -> Row:
     missing = backend.missing()
     ok, why = backend.can_execute_here()
-    try:
-        capabilities = _capability_fields(backend.capabilities())
-    except BackendError:
-        if not missing:
-            raise
-        # capabilities read from the missing packages (xla's and neuron's op lists are JAX's)
-        capabilities = dict.fromkeys(("program_kinds", "variants", "ops", "writes_artifacts"))
+    caps = backend.capabilities()
+    capabilities = _capability_fields(caps)
+    if missing and not caps.listed_without_requires:
+        # claims only true with the missing packages (xla's and neuron's op lists are JAX's)
+        capabilities = dict.fromkeys(capabilities)
     return {
         "name": name,
         **capabilities,

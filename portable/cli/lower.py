@@ -1,8 +1,9 @@
 """`portable lower SPEC --target T ... --out DIR`: capture (or load), apply passes, save, lower.
 
-Stages: capture/load -> passes -> save `DIR/program.portable` -> lower each target into
-`DIR/<target with ':' -> '_'>/` -> with `--compile`, neuronx-cc on the neuron targets
-(compiling.py) -> optional parity against cpu -> `DIR/manifest.json`. Everything is
+Stages: capture/load -> passes -> save `DIR/program.portable` -> lower and write each target into
+`DIR/<target with ':' -> '_'>/` -> with `--compile`, each target's toolchain (`Backend.compile`,
+compiling.py) -> optional parity against cpu -> `DIR/manifest.json`. Nothing here names a
+backend or a pass: what differs between them is in their capabilities, options and reports. Everything is
 written into a temporary directory beside DIR and renamed into place at the end (output.py), so a
 failure at any stage leaves DIR as it was. Targets and passes are checked before capture starts.
 """
@@ -18,21 +19,22 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from .. import __version__
-from ..api import lower as lower_program
-from ..backends import Target, get_backend, registry
+from ..backends import Backend, Target, Written, backend_for, get_backend, registry
 from ..errors import BackendError
 from ..ir.program import Program, ProgramKind
-from .compiling import COMPILED_BACKENDS, CompileOutcome, compile_targets, require_compiler
+from .compiling import CompileOutcome, compile_targets, require_toolchains
 from .exit_codes import EPILOG, ExitCode
 from .load_spec import Source, load_plan, resolve, with_plan
 from .manifest import FORMAT, FORMAT_VERSION, file_records, toolchain, write_manifest
 from .output import check_destination, staging
 from .parity import ParityOutcome, run_parity
 from .progress import Progress
-from .table import format_bytes
+from .table import format_bytes, format_table
 
 if TYPE_CHECKING:
-    from ..passes import Pass
+    from collections.abc import Callable
+
+    from ..passes import Pass, PassReport
 
 __all__ = ["ARCHIVE", "add_parser", "run", "target_dir"]
 
@@ -59,7 +61,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
         action="append",
         required=True,
         metavar="T",
-        help="backend[:variant], repeatable; `all` = every registered backend",
+        help="backend[:variant][{options}] (`cuda{aot=true}`), repeatable; `all` = every "
+        "registered backend",
     )
     p.add_argument(
         "--pass",
@@ -91,7 +94,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument(
         "--compile",
         action="store_true",
-        help="run neuronx-cc on the neuron targets' programs (needs it on PATH; exit 7 if not)",
+        help="run each target's toolchain on its programs (neuron: neuronx-cc, needed on PATH; "
+        "exit 7 if not)",
     )
     p.add_argument(
         "--compile-jobs",
@@ -103,7 +107,8 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p.add_argument(
         "--aot",
         action="store_true",
-        help="cuda targets: also write an AOTInductor package (needs a CUDA device here)",
+        help="set the `aot` option of the targets whose backend has one (cuda: also write an "
+        "AOTInductor package; needs a CUDA device here)",
     )
     p.add_argument(
         "--force", action="store_true", help="replace an earlier `portable lower` output in DIR"
@@ -133,14 +138,13 @@ def _combines(backend: str) -> bool:
 
 def run(args: argparse.Namespace) -> int:
     targets = parse_targets(args.target, training=args.train)
-    _check_aot(args, targets)
+    backends = _backends(args, targets)
     passes = _parse_passes(args.passes)
-    compiler = require_compiler(targets) if args.compile else None
+    toolchains = require_toolchains(targets, backends) if args.compile else {}
     check_destination(args.out, force=args.force)  # fail before a long capture, again at commit
     plan = load_plan(args.plan) if args.plan else None
     source = resolve(args.spec)
-    to_compile = [t for t in targets if t.backend in COMPILED_BACKENDS] if compiler else []
-    total = 2 + bool(passes) + len(targets) + len(to_compile) + bool(args.parity)
+    total = 2 + bool(passes) + len(targets) + len(toolchains) + bool(args.parity)
     progress = Progress(total, enabled=not (args.quiet or args.json))
     with staging(args.out, force=args.force) as tmp:
         verb = "loading" if source.archive is not None else "capturing"
@@ -153,13 +157,20 @@ def run(args: argparse.Namespace) -> int:
             program, applied = _apply_passes(program, passes, progress, source, args.train)
         with progress.stage("save", f"saving {ARCHIVE}"):
             program.save(tmp / ARCHIVE)
-        lowered = [
-            _lower_one(program, t, tmp, progress, _backend_options(args, t)) for t in targets
-        ]
+        written = [_lower_one(program, t, backends[t], tmp, progress) for t in targets]
+        lowered = [entry for entry, _ in written]
         compiled = None
-        if compiler is not None:
+        if toolchains:
             compiled = compile_targets(
-                lowered, targets, tmp, args.out, progress, version=compiler, jobs=args.compile_jobs
+                lowered,
+                [w for _, w in written],
+                targets,
+                backends,
+                toolchains,
+                progress,
+                root=tmp,
+                out=args.out,
+                jobs=args.compile_jobs,
             )
         parity = None
         if args.parity:
@@ -231,7 +242,7 @@ def _with_default_variant(target: Target) -> Target:
     and manifest name the variant it was lowered for."""
     caps = get_backend(target.backend).capabilities()
     if target.variant is None and caps.default_variant and not caps.combines_variants:
-        return Target(target.backend, caps.default_variant)
+        return target.with_variant(caps.default_variant)
     return target
 
 
@@ -251,39 +262,37 @@ def _combine_variants(targets: list[Target]) -> list[Target]:
         i = merged[target.backend]
         have = out[i].variant
         if have is None or target.variant is None:
-            out[i] = Target(target.backend, None)
+            out[i] = out[i].with_variant(None)
         else:
             variants = dict.fromkeys(have.split(",") + target.variant.split(","))
-            out[i] = Target(target.backend, ",".join(variants))
+            out[i] = out[i].with_variant(",".join(variants))
     return out
 
 
-def _backend_options(args: argparse.Namespace, target: Target) -> object | None:
-    if target.backend == "cuda" and args.aot:
-        from ..backends.cuda import CudaOptions
+def _backends(args: argparse.Namespace, targets: list[Target]) -> dict[Target, Backend]:
+    """Each target's backend, built with the options of its string and of the flags that set
+    options (`--aot`: `aot=true` where the backend has that option), each checked against this
+    machine (`check_options`) before a long capture."""
+    given: dict[str, Any] = {"aot": True} if args.aot else {}
+    if args.aot:
+        _check_aot(targets)
+    backends = {t: backend_for(t, **given) for t in targets}
+    for backend in backends.values():
+        backend.check_options()
+    return backends
 
-        return CudaOptions(aot=True)
-    return None
 
-
-def _check_aot(args: argparse.Namespace, targets: list[Target]) -> None:
-    """--aot needs a cuda target and a CUDA device: say so before a long capture."""
-    if not args.aot:
+def _check_aot(targets: list[Target]) -> None:
+    """--aot with no target whose backend has an `aot` option was a mistake: say which
+    backends have it."""
+    if any("aot" in registry.get(t.backend).option_names() for t in targets):
         return
-    import torch
-
-    if not any(t.backend == "cuda" for t in targets):
-        raise BackendError(
-            "--aot writes AOTInductor packages for cuda targets; none was given",
-            fix="add --target cuda (or drop --aot)",
-        )
-    if not torch.cuda.is_available():
-        raise BackendError(
-            "--aot compiles an AOTInductor package for the CUDA device present; this machine "
-            "has none",
-            fix="drop --aot here (the kernels' PTX/cubin and the .pt2 are written without it), "
-            "or run the same command on a GPU machine",
-        )
+    having = [n for n in registry.names() if "aot" in registry.get(n).option_names()]
+    raise BackendError(
+        f"--aot writes AOTInductor packages for {' or '.join(having) or 'no'} targets; "
+        "none was given",
+        fix=f"add --target {having[0] if having else 'T'} (or drop --aot)",
+    )
 
 
 def _parse_passes(texts: list[str]) -> list[Pass]:
@@ -301,65 +310,51 @@ def _apply_passes(
     source: Source | None = None,
     training: bool = False,
 ) -> tuple[Program, list[dict[str, Any]]]:
-    """Apply the passes in order; one manifest record per pass. After `mx-quantize`, the
-    quantization error of each quantized operand is measured on the spec's example inputs (the
-    batch with --train) and stored in the record as `layers` (None without examples)."""
+    """Apply the passes in order; one manifest record per pass. Each pass then measures what it
+    can on the spec's example inputs (the batch with --train; none for an archive):
+    `Pass.measure`'s lines and tables are printed under its summary and its fields join the
+    record."""
     from ..passes import PassManager
 
     applied, lines = [], []
+    inputs = _example_inputs(source, training)
     with progress.stage("passes", f"applying {len(passes)} pass(es)"):
         for p in passes:
             program, (report,) = PassManager([p]).run(program)
-            record = {"spec": p.spec(), **report.to_json()}
-            lines.append(report.summary())
-            if report.name == "mx-quantize":
-                lines += [f"  {note}" for note in report.notes]
-                if report.changed:
-                    lines += _mx_error_table(program, record, source, training)
-            applied.append(record)
+            report = p.measure(program, report, inputs)
+            applied.append({"spec": p.spec(), **report.to_json(), **report.record})
+            lines += [report.summary(), *_details(report)]
     progress.note("\n".join(lines))
     return program, applied
 
 
-def _mx_error_table(
-    program: Program, record: dict[str, Any], source: Source | None, training: bool
-) -> list[str]:
-    """Fill `record["layers"]` with mx-quantize's per-operand SQNR; the table's lines."""
-    from ..passes.mx_quantize import mx_error_report
-    from .table import format_table
-
-    if source is None or source.spec is None:
-        record["layers"] = None
-        return ["  SQNR not measured: an archive has no example inputs"]
-    inputs = source.spec.batch() if training else source.spec.inputs()
-    rows = mx_error_report(program, inputs)
-    layers: dict[str, dict[str, Any]] = {}
-    for row in rows:
-        layer = layers.setdefault(
-            row["module"], {"module": row["module"], "gemms": [], "operands": []}
-        )
-        if row["gemm"] not in layer["gemms"]:
-            layer["gemms"].append(row["gemm"])
-        layer["operands"].append({k: v for k, v in row.items() if k != "module"})
-    record["layers"] = list(layers.values())
-    cells = [(r["module"], r["gemm"], r["operand"], r["dim"], _db(r["sqnr_db"])) for r in rows]
-    header = ["module", "GEMM", "operand", "dim", "SQNR dB"]
-    return format_table(header, cells, indent="  ").splitlines()
+def _example_inputs(source: Source | None, training: bool) -> Callable[[], Any] | None:
+    """The spec's example inputs, made when a pass asks for them (None for an archive)."""
+    spec = source.spec if source is not None else None
+    if spec is None:
+        return None
+    return spec.batch if training else spec.inputs
 
 
-def _db(value: float | None) -> str:
-    return "exact" if value is None else f"{value:.1f}"
+def _details(report: PassReport) -> list[str]:
+    """The report's lines and tables, indented under its summary line."""
+    out = [f"  {line}" for line in report.lines]
+    for table in report.tables:
+        out += format_table(list(table.header), list(table.rows), indent="  ").splitlines()
+    return out
 
 
 def _lower_one(
-    program: Program, target: Target, root: Path, progress: Progress, options: object | None
-) -> dict[str, Any]:
+    program: Program, target: Target, backend: Backend, root: Path, progress: Progress
+) -> tuple[dict[str, Any], Written]:
+    """Lower and write one target into its folder; its manifest entry and what was written."""
     folder = root / target_dir(target)
     folder.mkdir()
     with progress.stage(f"lower:{target}", f"lowering for {target}"):
-        lower_program(program, str(target), folder, options)
-    ok, why = get_backend(target.backend).can_execute_here()
-    return {
+        lowered = backend.lower(program, Target(target.backend, target.variant))
+        written = backend.write(lowered, folder)
+    ok, why = backend.can_execute_here()
+    entry = {
         "target": str(target),
         "dir": folder.name,
         "can_execute_here": ok,
@@ -367,6 +362,7 @@ def _lower_one(
         "files": file_records(root, folder),
         "compile": None,  # lower --compile: compiling.py
     }
+    return entry, written
 
 
 def _manifest(

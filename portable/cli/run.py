@@ -142,9 +142,12 @@ def _program(source: Source, training: bool) -> Program:
 
 
 def _partition(program: Program) -> Program:
+    from ..errors import RegistryError
+    from ..passes import registry
+
     try:
-        from ..passes.spmd_partition import partition
-    except ImportError as exc:
+        partition = registry.get("spmd-partition")  # through the registry, as `-p` finds it
+    except RegistryError as exc:
         raise PlanError(
             "the spmd-partition pass is not available in this installation",
             fix="install a portable version with portable.passes.spmd_partition",
@@ -173,8 +176,7 @@ def _partition(program: Program) -> Program:
             "collectives": [],
         }
         return per_rank
-    per_rank, _report = partition(program)
-    return per_rank
+    return partition().apply(program).program
 
 
 def _global_inputs(source: Source, program: Program, path: Path | None, training: bool):

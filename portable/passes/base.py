@@ -17,27 +17,43 @@ import abc
 import dataclasses
 import types
 import typing
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar
 
 from portable.errors import PassError
 from portable.ir.program import Program
 
-__all__ = ["OPTION_TYPES", "Pass", "PassReport", "PassResult"]
+__all__ = ["OPTION_TYPES", "Pass", "PassReport", "PassResult", "ReportTable"]
 
 # The option types a pass field may have (each also as `T | None`).
 OPTION_TYPES: tuple[type, ...] = (bool, int, float, str)
 
 
 @dataclasses.dataclass(frozen=True)
+class ReportTable:
+    """A table a report carries for people: the CLI prints it under the pass's summary line."""
+
+    header: tuple[str, ...]
+    rows: tuple[tuple[str, ...], ...]
+
+
+@dataclasses.dataclass(frozen=True)
 class PassReport:
     """What one application of a pass did: `counts` maps a pattern or action to how often it
-    fired (e.g. `{"reshape-chain": 3, "dead-code": 5}`); `changed` is whether the graph changed."""
+    fired (e.g. `{"reshape-chain": 3, "dead-code": 5}`); `changed` is whether the graph changed.
+
+    What `Pass.measure` adds on example inputs: `lines` and `tables` printed under the summary
+    (in that order), and `record`, fields the `portable lower` manifest's record of the pass
+    gains (e.g. mx-quantize's `layers`). `to_json` is the pass's record without them."""
 
     name: str
     options: dict[str, Any]
     changed: bool
     counts: dict[str, int] = dataclasses.field(default_factory=dict)
     notes: list[str] = dataclasses.field(default_factory=list)
+    lines: tuple[str, ...] = ()
+    tables: tuple[ReportTable, ...] = ()
+    record: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -93,6 +109,18 @@ class Pass(abc.ABC):
     @abc.abstractmethod
     def apply(self, program: Program) -> PassResult:
         """Transform `program` (see the module docstring for the contract)."""
+
+    def measure(
+        self,
+        program: Program,
+        report: PassReport,
+        inputs: Callable[[], Sequence[Any]] | None,
+    ) -> PassReport:
+        """`report` with what can be measured on the program the pass returned, run on example
+        inputs (`inputs()`, the user inputs or a training step's batch; None when there are none,
+        as for an archive): lines, tables and manifest fields for tools that show reports
+        (`portable lower`). By default nothing is measured."""
+        return report
 
     def options(self) -> dict[str, Any]:
         """Every option by field name, in declaration order."""

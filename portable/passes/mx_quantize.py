@@ -35,7 +35,7 @@ import operator
 import re
 import typing
 from collections import Counter
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
@@ -52,7 +52,7 @@ from portable.opset.mx_ops import codes_shape, scales_shape
 from portable.opset.table import PERMUTE, ops_with
 from portable.runtime import flatten_inputs
 
-from .base import Pass, PassResult
+from .base import Pass, PassReport, PassResult, ReportTable
 from .mx_gemms import CONTRACTION, GEMMS, Gemm, Layer, LinearGemms, find_linear_gemms
 
 __all__ = ["MODES", "MXQuantize", "mx_error_report", "sqnr_db"]
@@ -162,6 +162,17 @@ class MXQuantize(Pass):
         }
         counts.update(per_kind)
         return PassResult(out, self.report(True, counts, notes))
+
+    def measure(
+        self,
+        program: Program,
+        report: PassReport,
+        inputs: Callable[[], Sequence[Any]] | None,
+    ) -> PassReport:
+        """The notes as lines and, when the pass changed the program, the SQNR of each quantized
+        operand on the example inputs (`mx_error_report`): a table, and the manifest's `layers`
+        (None, with a line saying so, without example inputs)."""
+        return measured(program, report, inputs)
 
     # ---- which layers ------------------------------------------------------------------------
 
@@ -302,6 +313,45 @@ def _brief(record: object) -> str:
 
 
 # ---- the error report --------------------------------------------------------------------------
+
+_SQNR_HEADER = ("module", "GEMM", "operand", "dim", "SQNR dB")
+
+
+def measured(
+    program: Program, report: PassReport, inputs: Callable[[], Sequence[Any]] | None
+) -> PassReport:
+    """`report` with its notes as lines and the SQNR table and `layers` of `MxQuantize.measure`."""
+    lines = tuple(report.notes)
+    if not report.changed:
+        return dataclasses.replace(report, lines=lines)
+    if inputs is None:
+        lines += ("SQNR not measured: an archive has no example inputs",)
+        return dataclasses.replace(report, lines=lines, record={"layers": None})
+    rows = mx_error_report(program, inputs())
+    cells = tuple((r["module"], r["gemm"], r["operand"], r["dim"], _db(r["sqnr_db"])) for r in rows)
+    return dataclasses.replace(
+        report,
+        lines=lines,
+        tables=(ReportTable(_SQNR_HEADER, cells),),
+        record={"layers": _layers(rows)},
+    )
+
+
+def _layers(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The error report grouped by layer, as the manifest records it."""
+    layers: dict[str, dict[str, Any]] = {}
+    for row in rows:
+        layer = layers.setdefault(
+            row["module"], {"module": row["module"], "gemms": [], "operands": []}
+        )
+        if row["gemm"] not in layer["gemms"]:
+            layer["gemms"].append(row["gemm"])
+        layer["operands"].append({k: v for k, v in row.items() if k != "module"})
+    return list(layers.values())
+
+
+def _db(value: float | None) -> str:
+    return "exact" if value is None else f"{value:.1f}"
 
 
 def mx_error_report(program: Program, inputs: Sequence[torch.Tensor]) -> list[dict[str, Any]]:

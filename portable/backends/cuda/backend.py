@@ -25,7 +25,7 @@ from portable.runtime import Executable
 from portable.torch_compat import copy_graph_module
 
 from .. import get_backend, registry
-from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
 from .dispatch import planned_launches
 from .layout import write_layout
 from .lowering import export_graph, kernel_graph, mx_mode, retarget_devices
@@ -47,10 +47,10 @@ class CudaLowered:
 
 class CudaBackend(Backend):
     name = "cuda"
-    requirements = Requirements(("triton",), "cuda")  # kernels are planned and compiled by Triton
+    options_type = CudaOptions
 
     def __init__(self, options: CudaOptions | None = None) -> None:
-        self.options = options or CudaOptions()
+        self.options: CudaOptions = options or CudaOptions()
 
     def capabilities(self) -> Capabilities:
         # Every opset op: ATen ops run as PyTorch ops, portable ops as ATen rewrites, device-
@@ -60,7 +60,19 @@ class CudaBackend(Backend):
             program_kinds=frozenset(ProgramKind),
             variants=tuple(ARCHS),
             combines_variants=True,
+            requires=("triton",),  # kernels are planned and compiled by Triton
         )
+
+    def check_options(self) -> None:
+        """`aot` compiles an AOTInductor package for the CUDA device present: refuse it on a
+        machine without one, before any work."""
+        if self.options.aot and not torch.cuda.is_available():
+            raise BackendError(
+                "--aot compiles an AOTInductor package for the CUDA device present; this "
+                "machine has none",
+                fix="drop --aot here (the kernels' PTX/cubin and the .pt2 are written without "
+                "it), or run the same command on a GPU machine",
+            )
 
     def can_execute_here(self) -> tuple[bool, str]:
         missing = self.unavailable()
@@ -98,12 +110,13 @@ class CudaBackend(Backend):
         variant = ",".join(a.name for a in archs)
         return Lowered(program, Target(self.name, variant), texts=texts, payload=payload)
 
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
-        """With `out_dir`: kernels compiled for every arch, the `.pt2`, graphs and manifest."""
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        """With `out_dir`: kernels compiled for every arch, the `.pt2`, graphs and manifest (and
+        with the `aot` option, the AOTInductor package: cuda's compile happens here)."""
         files: list[Path] = []
         if out_dir is not None:
             files = write_layout(Path(out_dir), lowered, self.options)
-        return Compiled(lowered, files, payload=lowered.payload)
+        return Compiled(lowered, files, lowered.payload, out_dir)
 
     def executable(self, compiled: Compiled) -> Executable:
         ok, why = self.can_execute_here()

@@ -7,7 +7,10 @@ A per-rank program (metadata["spmd"], mesh.size > 1) gives ONE HLO that every ra
 collectives list replica groups of global ranks in NxD order, and a program that needs the rank's
 coordinate on an axis (local_shard) takes the NxD rank as a last int32 parameter, `rank_id`
 (collectives.py).
-compile(lowered, out_dir) -> the layout of layout.py and manifest.json
+write(lowered, out_dir) -> the layout of layout.py and manifest.json
+compile(written, neuronx-cc, jobs) -> a NEFF and log per program, where neuronx-cc is installed
+      (compile.py; `lower --compile`)
+check(folder, archive) -> the offline validator again on a written folder (check.py)
 executable -> BackendError: NeuronCores are not here; the artifacts are compiled and run on a
 Trn host (`scripts/compile.sh`, docs/backends/neuron.md).
 """
@@ -22,7 +25,17 @@ from portable.ir.program import Program, ProgramKind
 from portable.ir.source import source_of
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
+from ..base import (
+    Backend,
+    Capabilities,
+    CheckedProgram,
+    Compiled,
+    CompileReport,
+    CompilerMissingError,
+    Lowered,
+    Target,
+    Toolchain,
+)
 from .findings import Finding, Severity, merge
 from .options import NeuronOptions
 from .targets import DEFAULT_VARIANT, TARGETS, resolve_target
@@ -35,21 +48,25 @@ _NOT_HERE = "neuron programs run on Trainium (NeuronCores); this machine has non
 class NeuronBackend(Backend):
     name = "neuron"
     platform = "neuron"
-    # the lowering rules are JAX's (the same table as xla, platform "neuron")
-    requirements = Requirements(("jax", "jaxlib"), "xla")
+    options_type = NeuronOptions
 
     def __init__(self, options: NeuronOptions | None = None) -> None:
-        self.options = options or NeuronOptions()
+        self.options: NeuronOptions = options or NeuronOptions()
 
     def capabilities(self) -> Capabilities:
-        self.require()  # the op list is the JAX rule table's
-        from ..xla.rules import load_rules
+        from ..xla.rules.names import names  # the rule table's op names, without importing JAX
 
         return Capabilities(
-            ops=load_rules().names(self.platform),
+            ops=names(self.platform),
             program_kinds=frozenset(ProgramKind),
             variants=tuple(TARGETS),
             default_variant=DEFAULT_VARIANT,
+            # the lowering rules are JAX's (the same table as xla, platform "neuron")
+            requires=("jax", "jaxlib"),
+            extra="xla",
+            listed_without_requires=False,
+            toolchain="neuronx-cc",
+            checks=True,
         )
 
     def can_execute_here(self) -> tuple[bool, str]:
@@ -138,8 +155,8 @@ class NeuronBackend(Backend):
             collectives=tuple(collectives.emitted) if collectives is not None else (),
         )
 
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
-        """Write the artifacts under `out_dir` (nothing is compiled here: see scripts/compile.sh)."""
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        """Write the artifacts under `out_dir` (compiled by `compile`, or scripts/compile.sh)."""
         from .layout import write_layout
         from .manifest import build_manifest
 
@@ -147,7 +164,44 @@ class NeuronBackend(Backend):
         if out_dir is not None:
             manifest = build_manifest(lowered.payload, lowered.program)
             files = write_layout(Path(out_dir), lowered.payload, manifest)
-        return Compiled(lowered, files, payload=lowered.payload)
+        return Compiled(lowered, files, lowered.payload, out_dir)
+
+    def find_toolchain(self) -> Toolchain:
+        """neuronx-cc on PATH (CompilerMissingError saying where to get it)."""
+        from .compile import COMPILER, neuronx_cc_available
+
+        ok, version = neuronx_cc_available()
+        if not ok:
+            raise CompilerMissingError(
+                f"--compile needs the Neuron compiler: {version}",
+                fix=f"install {COMPILER} from AWS's Neuron pip repository (the PyPI package of "
+                "that name is a placeholder) and put it on PATH; or drop --compile: the output "
+                "holds everything needed, and DIR/<neuron target>/scripts/compile.sh compiles it "
+                "on a host with the compiler",
+            )
+        return Toolchain(COMPILER, version)
+
+    def compile_written(
+        self, written: Compiled, toolchain: Toolchain, jobs: int | None
+    ) -> CompileReport:
+        """neuronx-cc on every program written under `written.out_dir`, `jobs` at once (None:
+        one per program, at most one per CPU); a failed program does not stop the others."""
+        from .compile import compile_all, default_jobs, find_programs
+
+        if written.out_dir is None:
+            return CompileReport(toolchain, 0)
+        folder = Path(written.out_dir)
+        workers = jobs or default_jobs(len(find_programs(folder)))
+        results = compile_all(folder, jobs=workers)
+        base = folder.parent.resolve()
+        return CompileReport(toolchain, workers, tuple(r.to_json(base) for r in results))
+
+    def check(self, folder: Path, archive: Program | None = None) -> list[CheckedProgram]:
+        """The offline validator and file checks on every program under `folder/programs/`
+        (check.py)."""
+        from .check import check_folder
+
+        return check_folder(Path(folder), archive)
 
     def executable(self, compiled: Compiled) -> Executable:
         from .. import get_backend, registry

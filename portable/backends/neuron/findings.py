@@ -46,6 +46,10 @@ class Finding:
     ncc: str | None = None  # the neuronx-cc error code this pre-empts, when known
     count: int = 1  # instructions folded into this finding (same code and node)
 
+    @property
+    def is_error(self) -> bool:
+        return self.severity is Severity.ERROR
+
     def render(self) -> str:
         lines = [f"{self.severity.value}[{self.code}] {self.what}"]
         where = []

@@ -18,7 +18,7 @@ from portable.ir.source import source_of
 from portable.opset import lookup, op_name, opset_table
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
 
 __all__ = ["OnnxBackend"]
 
@@ -40,7 +40,6 @@ _COLLECTIVES = frozenset(
 
 class OnnxBackend(Backend):
     name = "onnx"
-    requirements = Requirements(("onnx", "onnxruntime", "onnxscript"), "onnx")
 
     def capabilities(self) -> Capabilities:
         ops = frozenset(
@@ -50,7 +49,11 @@ class OnnxBackend(Backend):
             and not name.endswith("_backward.default")
             and not name.endswith("_backward_data.default")
         )
-        return Capabilities(ops=ops, program_kinds=frozenset({ProgramKind.INFERENCE}))
+        return Capabilities(
+            ops=ops,
+            program_kinds=frozenset({ProgramKind.INFERENCE}),
+            requires=("onnx", "onnxruntime", "onnxscript"),
+        )
 
     def lower(self, program: Program, target: Target) -> Lowered:
         _refuse_unexportable(program)
@@ -62,7 +65,7 @@ class OnnxBackend(Backend):
         texts = {MODEL_FILE + ".txt": model_text(exported.path)}
         return Lowered(program, target, texts=texts, payload=exported)
 
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
         files = []
         if out_dir is not None:
             for source in lowered.payload.files():

@@ -1,6 +1,6 @@
 """`xla`: programs executed on XLA:CPU through `jax.jit`, so parity runs everywhere.
 
-lower -> StableHLO and HLO text (inspectable); compile -> an XLA executable (and the texts under
+lower -> StableHLO and HLO text (inspectable); write -> an XLA executable (and the texts under
 out_dir); executable -> the portable Executable. A per-rank program (metadata["spmd"], mesh.size
 > 1) runs on mesh.size XLA devices under shard_map and takes and returns GLOBAL values (spmd.py). Tensors cross between torch and JAX by DLPack
 (zero-copy on CPU). JAX is imported only when this backend is used.
@@ -13,7 +13,7 @@ from pathlib import Path
 from portable.ir.program import Program, ProgramKind
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Requirements, Target
+from ..base import Backend, Capabilities, Compiled, Lowered, Target
 
 __all__ = ["XlaBackend"]
 
@@ -27,14 +27,16 @@ _COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 class XlaBackend(Backend):
     name = "xla"
     platform = "xla"
-    requirements = Requirements(("jax", "jaxlib"), "xla")
 
     def capabilities(self) -> Capabilities:
-        self.require()  # the op list is the JAX rule table's
-        from .rules import load_rules
+        from .rules.names import names  # the rule table's op names, without importing JAX
 
         return Capabilities(
-            ops=load_rules().names(self.platform), program_kinds=frozenset(ProgramKind)
+            ops=names(self.platform),
+            program_kinds=frozenset(ProgramKind),
+            requires=("jax", "jaxlib"),
+            extra="xla",
+            listed_without_requires=False,  # the op list is the JAX rule table's
         )
 
     def lower(self, program: Program, target: Target) -> Lowered:
@@ -59,7 +61,8 @@ class XlaBackend(Backend):
         }
         return Lowered(program, target, texts=texts, payload=jax_lowered)
 
-    def compile(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+        """The texts under `out_dir`, and the XLA executable (compiled here, in memory)."""
         from .spmd import is_per_rank
 
         files = []

@@ -119,7 +119,7 @@ def rank_main(args) -> None:
     import portable
     from portable.distributed import TorchCollectives
     from portable.ir.plan import Mesh
-    from portable.ir.sharding import Sharding, shard
+    from portable.ir.sharding import shard
     from portable.opset.collectives import collective_runtime
 
     torch.set_num_threads(1)
@@ -130,9 +130,8 @@ def rank_main(args) -> None:
     mesh = Mesh({"dp": 2})
     runtime = TorchCollectives(mesh)
     base = variants["baseline"]
-    spmd = base.metadata["spmd"]
     local = [
-        shard(v, Sharding.from_json(spmd["inputs"][i.name]), mesh, args.rank)
+        shard(v, base.spmd.input(i.name).sharding, mesh, args.rank)
         for i, v in zip(base.signature.inputs, flat, strict=True)
     ]
     exes, users = {}, None

@@ -5,7 +5,9 @@ callables or closures); its shape and dtype are recorded and static (ints, or de
 dims); its recorded result equals the op's shape rule applied to its recorded inputs (evaluated
 with the op's fake kernel); its input dtypes are ones the op declares. Per program: placeholders
 match the signature, the output tuple matches the signature, every state input has a weight of the
-recorded shape and dtype.
+recorded shape and dtype (the global shape in a per-rank program: it keeps the global weights); a
+per-rank program's layout (`Program.spmd`) names every signature input and output in order, and
+each one's sharding over its local shape gives its global shape.
 """
 
 from __future__ import annotations
@@ -21,9 +23,11 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from .errors import VerifyError
+from .ir.plan import Mesh
 from .ir.program import Program
 from .ir.signature import TensorSpec
 from .ir.source import source_of
+from .ir.spmd import TensorLayout
 from .ir.symbolic import SizeExprError, parse_size
 from .opset import lookup, op_name
 
@@ -123,8 +127,9 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
             "graph placeholders do not match the signature inputs",
             fix=f"placeholders {[p.name for p in placeholders]} vs signature {[i.name for i in sig.inputs]}",
         )
+    _check_spmd(program)
     # a per-rank program (spmd-partition) keeps the global weights; runtimes shard them
-    global_shapes = program.metadata.get("spmd", {}).get("global_shapes", {}).get("inputs", {})
+    global_shapes = {t.name: t.global_shape for t in program.spmd.inputs} if program.spmd else {}
     for spec in sig.state_inputs:
         weight = program.weights.get(spec.target)
         if weight is None:
@@ -166,6 +171,42 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
         _check_static(node, symbols)
     if check_shapes:
         _check_shape_rules(program)
+
+
+def _check_spmd(program: Program) -> None:
+    """The layout covers the signature, and sharding(local shape) is the global shape."""
+    layout = program.spmd
+    if layout is None:
+        return
+    sig = program.signature
+    for kind, specs, layouts in (
+        ("input", sig.inputs, layout.inputs),
+        ("output", sig.outputs, layout.outputs),
+    ):
+        if [s.name for s in specs] != [t.name for t in layouts]:
+            _fail(
+                f"the spmd layout's {kind}s {[t.name for t in layouts]} are not the signature's "
+                f"{[s.name for s in specs]}",
+                fix="the layout is written by spmd-partition; re-run it on the global program",
+            )
+        for spec, t in zip(specs, layouts, strict=True):
+            _check_layout(kind, spec.spec.shape, t, layout.mesh)
+
+
+def _check_layout(kind: str, local: tuple[int | str, ...], t: TensorLayout, mesh: Mesh) -> None:
+    if len(local) != t.sharding.ndim or not all(isinstance(d, int) for d in local):
+        _fail(
+            f"{kind} `{t.name}` has local shape {list(local)}, its sharding {t.sharding} "
+            f"has {t.sharding.ndim} static dims",
+            fix="a per-rank program has static shapes; re-run spmd-partition",
+        )
+    glob = t.sharding.global_shape([int(d) for d in local], mesh)
+    if glob != t.global_shape:
+        _fail(
+            f"{kind} `{t.name}`: local shape {list(local)} sharded {t.sharding} is global "
+            f"{list(glob)}, the spmd layout says {list(t.global_shape)}",
+            fix="a bug in the pass that wrote the layout: report it",
+        )
 
 
 def _check_shape_rules(program: Program) -> None:

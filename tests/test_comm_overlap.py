@@ -86,7 +86,7 @@ def test_small_buckets_and_waits_before_first_use(example_spec):
         # issued right after its last input (through the bucket's packing ops)
         assert all(index[x] < index[coll] for x in coll.all_input_nodes)
     remaining = {n.name for n in small.program.graph.nodes}
-    assert {c["node"] for c in small.program.metadata["spmd"]["collectives"]} <= remaining
+    assert {c.node for c in small.program.spmd.collectives} <= remaining
 
 
 def test_fsdp_prefetch_moves_gathers_earlier_within_the_cap(example_spec):

@@ -157,6 +157,7 @@ def _hand_built():
     import portable
     from portable.ir.plan import Mesh, Plan
     from portable.ir.sharding import Sharding
+    from portable.ir.spmd import SpmdLayout
 
     torch.manual_seed(0)
     ref, x = _Ref(), torch.randn(4, 8)
@@ -168,13 +169,15 @@ def _hand_built():
     inputs["x"] = Sharding.replicated(2).to_json()
     shapes = {name: shape for name, (_, shape) in layouts.items()} | {"x": [4, 8]}
     (out,) = [o.name for o in program.signature.outputs]
-    program.metadata["spmd"] = {
-        "mesh": mesh.to_json(),
-        "inputs": inputs,
-        "outputs": {out: Sharding.replicated(2).to_json()},
-        "global_shapes": {"inputs": shapes, "outputs": {out: [4, 8]}},
-        "collectives": [],
-    }
+    program.spmd = SpmdLayout.from_json(
+        {
+            "mesh": mesh.to_json(),
+            "inputs": inputs,
+            "outputs": {out: Sharding.replicated(2).to_json()},
+            "global_shapes": {"inputs": shapes, "outputs": {out: [4, 8]}},
+            "collectives": [],
+        }
+    )
     program.weights = {"fc1.weight": ref.fc1.weight.detach(), "fc2.weight": ref.fc2.weight.detach()}
     return program, ref, x, out
 

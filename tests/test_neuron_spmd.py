@@ -18,6 +18,7 @@ import torch
 import portable
 from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding, coords_of, shard, unshard
+from portable.ir.spmd import SpmdLayout, TensorLayout
 
 pytest.importorskip("jax")
 
@@ -98,21 +99,20 @@ def _lower(program, tmp_path) -> tuple[dict, dict, str]:
 def _rank_args(program, values: dict, used: list[str]) -> list[list[torch.Tensor]]:
     """Per NxD rank: its shard of every used input, then its rank id (int32 scalar). The meshes
     here are declared in NxD order (dp, tp), so portable rank r is NxD rank r."""
-    meta = program.metadata["spmd"]
-    mesh = Mesh(meta["mesh"])
+    spmd = program.spmd
+    mesh = spmd.mesh
     layout = RankLayout.of(mesh)
     assert [layout.nxd_of_portable(r) for r in range(mesh.size)] == list(range(mesh.size))
     return [
-        [shard(values[n], Sharding.from_json(meta["inputs"][n]), mesh, r) for n in used]
+        [shard(values[n], spmd.input(n).sharding, mesh, r) for n in used]
         + [torch.tensor(r, dtype=torch.int32)]
         for r in range(mesh.size)
     ]
 
 
 def _unshard(program, outs: list[list[torch.Tensor]], k: int, name: str) -> torch.Tensor:
-    meta = program.metadata["spmd"]
-    mesh = Mesh(meta["mesh"])
-    sharding = Sharding.from_json(meta["outputs"][name])
+    mesh = program.spmd.mesh
+    sharding = program.spmd.output(name).sharding
     return unshard([outs[r][k] for r in range(mesh.size)], sharding, mesh)
 
 
@@ -171,15 +171,17 @@ class _RankInputs(torch.nn.Module):
 
 def _rank_inputs_program() -> portable.Program:
     program = portable.capture(_RankInputs(), (torch.zeros(4, 6),), name="rank_inputs")
-    replicated = Sharding(((), ())).to_json()
-    program.plan = Plan(Mesh({"dp": 2, "tp": 2}))
-    program.metadata["spmd"] = {
-        "mesh": {"dp": 2, "tp": 2},
-        "inputs": {"x": replicated},
-        "outputs": {"0": Sharding((("dp",), ("tp",))).to_json(), "1": replicated},
-        "global_shapes": {"inputs": {"x": [4, 6]}, "outputs": {}},
-        "collectives": [],
-    }
+    replicated = Sharding(((), ()))
+    mesh = Mesh({"dp": 2, "tp": 2})
+    program.plan = Plan(mesh)
+    program.spmd = SpmdLayout(
+        mesh,
+        (TensorLayout("x", replicated, (4, 6)),),
+        (
+            TensorLayout("0", Sharding((("dp",), ("tp",))), (4, 6)),
+            TensorLayout("1", replicated, (4, 6)),
+        ),
+    )
     return program
 
 

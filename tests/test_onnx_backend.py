@@ -356,9 +356,8 @@ def test_per_rank_program_is_refused(example_spec):
 
 def test_collective_over_two_ranks_is_refused_at_its_node(example_spec):
     per_rank = _per_rank_mlp(example_spec)
-    metadata = {k: v for k, v in per_rank.metadata.items() if k != "spmd"}
     with pytest.raises(portable.LoweringError) as info:
-        get_backend("onnx").lower(per_rank.replace(metadata=metadata), Target("onnx"))
+        get_backend("onnx").lower(per_rank.replace(spmd=None), Target("onnx"))
     assert "portable.all_reduce.default over a group of 2 ranks" in str(info.value)
     assert info.value.backend == "onnx"
 

@@ -13,7 +13,6 @@ import torch
 import portable
 from portable import Mesh, Plan, PlanError
 from portable import parallel as par
-from portable.ir.sharding import Sharding
 from portable.passes import get_pass
 from portable.passes.spmd_partition import partition
 from tests.spmd_cases import plan_for, tp_rules, training_program
@@ -51,9 +50,8 @@ def test_data_parallel_splits_the_batch_and_all_reduces_every_gradient(programs)
     # every gradient is a partial sum over dp, reduced once before the optimizer update
     assert report.counts["all_reduce[dp]"] >= n_params
     assert "all_gather[dp]" not in report.counts
-    meta = per_rank.metadata["spmd"]
-    assert meta["mesh"] == {"dp": 2}
-    assert Sharding.from_json(meta["outputs"]["loss"]).is_replicated
+    assert per_rank.spmd.mesh == Mesh({"dp": 2})
+    assert per_rank.spmd.output("loss").sharding.is_replicated
 
 
 def test_tensor_parallel_llama_keeps_heads_local(programs):
@@ -106,12 +104,12 @@ def test_every_collective_has_its_own_wait_and_the_archive_keeps_the_contract(pr
         if node.target in COLLECTIVES:
             users = list(node.users)
             assert [u.target for u in users] == [P.wait.default], node.name
-    recorded = {c["node"] for c in per_rank.metadata["spmd"]["collectives"]}
+    recorded = {c.node for c in per_rank.spmd.collectives}
     assert recorded == {n.name for n in per_rank.graph.nodes if n.target in COLLECTIVES}
-    assert all(c["bytes"] > 0 for c in per_rank.metadata["spmd"]["collectives"])
+    assert all(c.bytes > 0 for c in per_rank.spmd.collectives)
     assert any("all_reduce over dp (2 ranks)" in n for n in report.notes)
     loaded = portable.load(per_rank.save(tmp_path / "gpt.portable"))
-    assert loaded.metadata["spmd"] == per_rank.metadata["spmd"]
+    assert loaded.spmd == per_rank.spmd and "spmd" not in loaded.metadata
     assert loaded.plan == per_rank.plan and loaded.content_hash == per_rank.content_hash
 
 
@@ -122,9 +120,8 @@ def test_inference_outputs_keep_their_batch_split(example_spec):
     )
     per_rank = get_pass("spmd-partition").apply(program).program
     portable.verify(per_rank)
-    out = per_rank.metadata["spmd"]["outputs"]
-    (name,) = out
-    assert Sharding.from_json(out[name]).dims[0] == ("dp",)
+    (out,) = per_rank.spmd.outputs
+    assert out.sharding.dims[0] == ("dp",)
     assert per_rank.signature.outputs[0].spec.shape[0] == 1
 
 
@@ -242,7 +239,7 @@ def test_cli_lowers_a_two_by_two_plan_to_per_rank_neuron_hlo(tmp_path, capsys):
     spmd = [json.loads(p.read_text()).get("spmd") for p in found]
     assert any(s and s["world_size"] == 4 for s in spmd), found
     loaded = portable.load(out / "program.portable")
-    assert loaded.plan.mesh.size == 4 and "spmd" in loaded.metadata
+    assert loaded.plan.mesh.size == 4 and loaded.spmd.size == 4 and loaded.is_per_rank
 
 
 def test_cli_refuses_a_plan_that_does_not_fit_before_capture(tmp_path, capsys):

@@ -9,6 +9,8 @@ step and every parameter, within 1e-5).
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 import torch
 
@@ -18,7 +20,8 @@ from portable.ir.sharding import Sharding, shard
 
 pytest.importorskip("jax")
 
-from portable.backends.xla.spmd import is_per_rank, run_spmd  # noqa: E402
+from portable.backends.xla.spmd import run_spmd  # noqa: E402
+from portable.ir.spmd import SpmdLayout, TensorLayout  # noqa: E402
 from portable.passes.spmd_partition import partition  # noqa: E402
 from tests.spmd_cases import (  # noqa: E402
     PLAN_NAMES,
@@ -56,8 +59,16 @@ class _TpMlpRank(torch.nn.Module):
         return y, gathered, scattered, sliced, swapped, biggest, mean
 
 
-def _spec(*dims) -> dict:
-    return Sharding(tuple(tuple(d) for d in dims)).to_json()
+def _spec(*dims) -> Sharding:
+    return Sharding(tuple(tuple(d) for d in dims))
+
+
+def _layouts(specs, shardings: dict, mesh: Mesh) -> tuple[TensorLayout, ...]:
+    """Each signature value's layout: its sharding, and the global shape it gives the local one."""
+    return tuple(
+        TensorLayout(s.name, shardings[s.name], shardings[s.name].global_shape(s.spec.shape, mesh))
+        for s in specs
+    )
 
 
 def tp_mlp_program() -> tuple[portable.Program, list[torch.Tensor], list[torch.Tensor]]:
@@ -78,16 +89,11 @@ def tp_mlp_program() -> tuple[portable.Program, list[torch.Tensor], list[torch.T
     }
     program.plan = Plan(mesh)
     program.weights = {"w1": w1, "w2": w2}
-    program.metadata["spmd"] = {
-        "mesh": MESH,
-        "inputs": inputs,
-        "outputs": outputs,
-        "global_shapes": {
-            "inputs": {"p_w1": [H, D], "p_w2": [D, H], "x": [B, D]},
-            "outputs": {},
-        },
-        "collectives": [],
-    }
+    sig = program.signature
+    program.spmd = SpmdLayout(
+        mesh, _layouts(sig.inputs, inputs, mesh), _layouts(sig.outputs, outputs, mesh)
+    )
+    assert [t.global_shape for t in program.spmd.inputs] == [(H, D), (D, H), (B, D)]
     y = torch.relu(x @ w1.t()) @ w2.t()
     halves = [
         torch.relu(x @ w1[k * 8 : k * 8 + 8].t()) @ w2[:, k * 8 : k * 8 + 8].t() for k in (0, 1)
@@ -98,7 +104,7 @@ def tp_mlp_program() -> tuple[portable.Program, list[torch.Tensor], list[torch.T
 
 def test_per_rank_program_runs_on_four_devices_with_every_collective():
     program, inputs, expected = tp_mlp_program()
-    assert is_per_rank(program)
+    assert program.is_per_rank
     outputs = run_spmd(program, inputs).outputs
     assert [tuple(o.shape) for o in outputs][:5] == [(B, D)] * 5
     for k in range(5):
@@ -124,7 +130,7 @@ def test_local_values_are_shards_of_the_global_ones():
     program, inputs, expected = tp_mlp_program()
     out = run_spmd(program, inputs).outputs[3]
     mesh = Mesh(MESH)
-    sharding = Sharding.from_json(program.metadata["spmd"]["outputs"]["3"])
+    sharding = program.spmd.output("3").sharding
     for rank in range(mesh.size):
         torch.testing.assert_close(
             shard(out, sharding, mesh, rank), shard(expected[3], sharding, mesh, rank)
@@ -133,7 +139,9 @@ def test_local_values_are_shards_of_the_global_ones():
 
 def test_not_enough_devices_and_bad_metadata_are_explained():
     program, inputs, _ = tp_mlp_program()
-    program.metadata["spmd"]["inputs"]["x"] = {"dims": [["dp"], []], "partial": {"tp": "sum"}}
+    x = program.spmd.input("x")
+    partial = dataclasses.replace(x, sharding=Sharding((("dp",), ()), (("tp", "sum"),)))
+    program.spmd = dataclasses.replace(program.spmd, inputs=(*program.spmd.inputs[:2], partial))
     with pytest.raises(portable.PlanError, match="partial") as info:
         run_spmd(program, inputs)
     assert "fix:" in str(info.value)
@@ -153,7 +161,7 @@ def test_example_training_matches_single_device(stem, plan, example_spec):
     if stem not in _REFERENCE:  # the single-device cpu run, once per example
         _REFERENCE[stem] = reference(program, flat)
     per_rank, _ = partition(program.replace(plan=plan_for(stem, plan)))
-    assert is_per_rank(per_rank)
+    assert per_rank.is_per_rank
     result = run_spmd(per_rank, flat, steps=STEPS)
     outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
     assert_matches(stem, _REFERENCE[stem], result.losses, outputs)

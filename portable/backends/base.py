@@ -130,6 +130,9 @@ class Capabilities:
     toolchain: str | None = None
     # whether `check` re-checks written artifacts offline (`portable check`)
     checks: bool = False
+    # whether it takes per-rank programs (`Program.is_per_rank`: spmd-partition's output over
+    # more than one rank); check_program refuses them elsewhere
+    per_rank: bool = False
 
     def supports_op(self, name: str) -> bool:
         return self.ops is None or name in self.ops
@@ -384,6 +387,8 @@ class Backend(abc.ABC):
                 f"backend {self.name} does not take {program.kind.value} programs",
                 fix=f"it takes: {', '.join(sorted(k.value for k in caps.program_kinds))}",
             )
+        if program.is_per_rank and not caps.per_rank:
+            raise _per_rank_refused(self.name, program)
         for node in program.graph.nodes:
             if node.op != "call_function" or lookup(node.target) is None:
                 continue
@@ -405,6 +410,19 @@ class Backend(abc.ABC):
 # the built-in backends whose capabilities declare `per_rank` (a test checks this against them;
 # a plug-in's claim is its own Capabilities)
 PER_RANK_BUILTINS = ("cpu", "neuron", "xla")
+
+
+def _per_rank_refused(backend: str, program: Program) -> BackendError:
+    """A per-rank program on a backend that runs single-device programs: lower the global
+    program here, or the per-rank one where it runs."""
+    size = program.spmd.size if program.spmd is not None else 1
+    return BackendError(
+        f"backend {backend} takes single-device programs; {program.name} is a per-rank program "
+        f"over a mesh of {size} devices",
+        fix="lower the program before `spmd-partition` (the global program) here, or the "
+        "per-rank program on a backend that takes per-rank programs: "
+        f"{', '.join(PER_RANK_BUILTINS)} (`portable run --nproc N` runs it as N cpu ranks)",
+    )
 
 
 def _alternatives(name: str, ops: frozenset[str]) -> str:

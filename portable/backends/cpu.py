@@ -23,7 +23,8 @@ class CpuBackend(Backend):
 
     def capabilities(self) -> Capabilities:
         ops = frozenset(opset_table())
-        return Capabilities(ops=ops, program_kinds=frozenset(ProgramKind))
+        # per-rank programs: one rank each under `portable run --nproc` (distributed/worker.py)
+        return Capabilities(ops=ops, program_kinds=frozenset(ProgramKind), per_rank=True)
 
     def lower(self, program: Program, target: Target) -> Lowered:
         self.check_program(program, target)

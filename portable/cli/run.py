@@ -26,8 +26,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CaptureError, InputError, PlanError
-from ..ir.plan import Plan
+from ..ir.plan import Mesh, Plan
 from ..ir.program import Program, ProgramKind
+from ..ir.spmd import SpmdLayout
 from .exit_codes import EPILOG, ExitCode, OutputConflictError
 from .load_spec import Source, load_plan, resolve, with_plan
 from .progress import Progress
@@ -153,29 +154,9 @@ def _partition(program: Program) -> Program:
             fix="install a portable version with portable.passes.spmd_partition",
         ) from exc
     if program.plan.is_single_device:
-        from ..ir.sharding import Sharding
-
         # one process: the program is its own per-rank program
-        per_rank = program.replace(plan=program.plan)
-        ins = {
-            i.name: Sharding.replicated(len(i.spec.shape)).to_json()
-            for i in program.signature.inputs
-        }
-        outs = {
-            o.name: Sharding.replicated(len(o.spec.shape)).to_json()
-            for o in program.signature.outputs
-        }
-        per_rank.metadata["spmd"] = {
-            "mesh": program.plan.mesh.to_json() if program.plan.mesh else {},
-            "inputs": ins,
-            "outputs": outs,
-            "global_shapes": {
-                "inputs": {i.name: list(i.spec.shape) for i in program.signature.inputs},
-                "outputs": {o.name: list(o.spec.shape) for o in program.signature.outputs},
-            },
-            "collectives": [],
-        }
-        return per_rank
+        mesh = program.plan.mesh or Mesh({})
+        return program.replace(spmd=SpmdLayout.replicated(program.signature, mesh))
     return partition().apply(program).program
 
 

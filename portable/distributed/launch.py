@@ -2,7 +2,7 @@
 
 A *run directory* is what every rank reads (written by `prepare`, read by the worker):
 
-    DIR/program.portable/    the per-rank program (a portable archive, with program.metadata["spmd"];
+    DIR/program.portable/    the per-rank program (a portable archive, with its `Program.spmd` layout;
                              its weights are the GLOBAL initial state)
     DIR/state.safetensors    optional: GLOBAL state by input placeholder name, used instead of
                              the archive's weights (e.g. a checkpoint)

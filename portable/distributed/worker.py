@@ -8,7 +8,7 @@ Per rank, in order:
 2. `init_process_group` (gloo, or nccl with one GPU per local rank) and one group per mesh axis
    group (`TorchCollectives`);
 3. GLOBAL state (the archive's weights, or DIR/state.safetensors) and inputs are read from
-   safetensors and sharded by `metadata["spmd"]["inputs"]`;
+   safetensors and sharded by the program's layout (`Program.spmd`, each input's Sharding);
 4. the program runs with the cpu backend's executable under `collective_runtime(...)`: K training
    steps, the updated state threaded on each rank through the signature's aliasing, or one
    inference call;
@@ -45,10 +45,10 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArchiveError, InputError, PortableError
-from ..ir.plan import Mesh
 from ..ir.program import Program, ProgramKind
 from ..ir.sharding import Sharding, shard, unshard
 from ..ir.signature import InputKind, OutputKind
+from ..ir.spmd import SpmdLayout
 from . import launch as run_dir
 from .agent import AGENT_PID_ENV
 from .diagnosis import write_failure
@@ -126,7 +126,8 @@ def run_rank(
     `at(phase, step, steps)` is told where the rank is (heartbeat.py)."""
     at = at or _no_beat
     root = Path(directory)
-    program, spmd, mesh, steps = _checked_program(root, steps)
+    program, layout, steps = _checked_program(root, steps)
+    mesh = layout.mesh
     timeout = datetime.timedelta(seconds=timeout_s)
     backend = backend or run_dir.default_backend()
     device = torch.device("cpu")
@@ -144,8 +145,8 @@ def run_rank(
     at("shard")
     timings: dict[str, float] = {}
     start = time.perf_counter()
-    state = _local(root / run_dir.STATE, program, spmd, mesh, rank, state=True, device=device)
-    inputs = _local(root / run_dir.INPUTS, program, spmd, mesh, rank, state=False, device=device)
+    state = _local(root / run_dir.STATE, program, layout, rank, state=True, device=device)
+    inputs = _local(root / run_dir.INPUTS, program, layout, rank, state=False, device=device)
     timings["shard_s"] = time.perf_counter() - start
 
     exe = _executable(program, state, device)
@@ -156,7 +157,7 @@ def run_rank(
     at("gather")
     start = time.perf_counter()
     with collective("gathering the results", timeout):
-        results = _gather(program, spmd, mesh, exe.state, losses, outputs)
+        results = _gather(program, layout, exe.state, losses, outputs)
     timings["gather_s"] = time.perf_counter() - start
     if rank == 0:
         assert results is not None
@@ -179,25 +180,24 @@ def run_rank(
         dist.barrier()
 
 
-def _checked_program(root: Path, steps: int | None) -> tuple[Program, dict[str, Any], Mesh, int]:
-    """The per-rank program of run directory `root`, its spmd metadata, mesh and step count,
-    checked against the world size torchrun set before any data is read."""
+def _checked_program(root: Path, steps: int | None) -> tuple[Program, SpmdLayout, int]:
+    """The per-rank program of run directory `root`, its layout and step count, checked
+    against the world size torchrun set before any data is read."""
     from ..archive import load
 
     config = _read_run(root)
     steps = config.get("steps", 1) if steps is None else steps
     program = load(root / run_dir.PROGRAM)
-    spmd = _spmd(program)
-    mesh = Mesh(spmd["mesh"])
+    layout = _layout(program)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     program.plan.check_world_size(world, "torchrun (WORLD_SIZE)")
-    if program.plan.mesh is not None and program.plan.mesh != mesh:
+    if program.plan.mesh is not None and program.plan.mesh != layout.mesh:
         raise ArchiveError(
-            f"{root / run_dir.PROGRAM}: metadata spmd mesh {spmd['mesh']} differs from the plan's "
-            f"{program.plan.mesh.to_json()}",
+            f"{root / run_dir.PROGRAM}: the spmd layout's mesh {layout.mesh.to_json()} differs "
+            f"from the plan's {program.plan.mesh.to_json()}",
             fix="re-run the spmd-partition pass",
         )
-    return program, spmd, mesh, steps
+    return program, layout, steps
 
 
 def _steps(exe, program: Program, inputs, steps: int, collectives, at: Callable[..., None]):
@@ -237,21 +237,19 @@ def _read_run(root: Path) -> dict[str, Any]:
     return doc
 
 
-def _spmd(program: Program) -> dict[str, Any]:
-    spmd = program.metadata.get("spmd")
-    if not isinstance(spmd, Mapping):
+def _layout(program: Program) -> SpmdLayout:
+    if program.spmd is None:
         raise ArchiveError(
-            f"{program.name} is not a per-rank program (no metadata['spmd'])",
+            f"{program.name} is not a per-rank program (it has no spmd layout)",
             fix="apply the spmd-partition pass first (portable run does)",
         )
-    return dict(spmd)
+    return program.spmd
 
 
 def _local(
     path: Path,
     program: Program,
-    spmd: Mapping[str, Any],
-    mesh: Mesh,
+    layout: SpmdLayout,
     rank: int,
     *,
     state: bool,
@@ -272,14 +270,15 @@ def _local(
                 fix="write every input placeholder's GLOBAL value (launch.prepare does)",
             )
         value = tensors[spec.name]
-        want = spmd["global_shapes"]["inputs"].get(spec.name)
-        if want is not None and list(value.shape) != list(want):
+        tensor = layout.input(spec.name)
+        want = list(tensor.global_shape)
+        if list(value.shape) != want:
             raise InputError(
                 f"input `{spec.name}`: GLOBAL shape {list(value.shape)} in {path.name}, but the "
                 f"program was partitioned for {want}",
                 fix="pass the global value the program was captured with",
             )
-        local = shard(value, Sharding.from_json(spmd["inputs"][spec.name]), mesh, rank)
+        local = shard(value, tensor.sharding, layout.mesh, rank)
         out[spec.name] = local.to(device)
     return out
 
@@ -310,19 +309,18 @@ def _move_graph(program: Program, device: torch.device) -> None:
 
 def _gather(
     program: Program,
-    spmd: Mapping[str, Any],
-    mesh: Mesh,
+    layout: SpmdLayout,
     state: Mapping[str, torch.Tensor],
     losses: Sequence[torch.Tensor],
     outputs: Mapping[str, torch.Tensor],
 ) -> dict[str, Any] | None:
     """All-gather every rank's local values; on rank 0 the GLOBAL values (None elsewhere)."""
-    sig = program.signature
+    sig, mesh = program.signature, layout.mesh
     doc: dict[str, Any] = {}
     tensors: dict[str, torch.Tensor] = {}
     if program.kind is ProgramKind.TRAINING_STEP:
         (loss_spec,) = sig.outputs_of(OutputKind.LOSS)
-        loss = Sharding.from_json(spmd["outputs"][loss_spec.name])
+        loss = layout.output(loss_spec.name).sharding
         per_rank = _all_gather(torch.stack(list(losses)).float())
         steps = Sharding(((),) + loss.dims, loss.partial)
         doc["losses"] = [float(v) for v in unshard(per_rank, steps, mesh)] if per_rank else []
@@ -335,13 +333,13 @@ def _gather(
                 continue
             per_rank = _all_gather(state[spec.target])
             if per_rank:
-                sharding = Sharding.from_json(spmd["inputs"][spec.name])
+                sharding = layout.input(spec.name).sharding
                 tensors[spec.target] = unshard(per_rank, sharding, mesh)
     else:
         for name, value in outputs.items():
             per_rank = _all_gather(value)
             if per_rank:
-                tensors[name] = unshard(per_rank, Sharding.from_json(spmd["outputs"][name]), mesh)
+                tensors[name] = unshard(per_rank, layout.output(name).sharding, mesh)
     if dist.get_rank() != 0:
         return None
     return {"doc": doc, "tensors": tensors}

@@ -4,8 +4,10 @@ from .plan import Mesh, PartitionSpec, Plan, ShardingRule
 from .program import Program, ProgramKind
 from .signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
 from .source import SourceLoc
+from .spmd import Collective, SpmdLayout, TensorLayout
 
 __all__ = [
+    "Collective",
     "InputKind",
     "InputSpec",
     "Mesh",
@@ -18,5 +20,7 @@ __all__ = [
     "ShardingRule",
     "Signature",
     "SourceLoc",
+    "SpmdLayout",
+    "TensorLayout",
     "TensorSpec",
 ]

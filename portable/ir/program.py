@@ -1,7 +1,8 @@
 """`Program`: the unit that passes rewrite, backends lower and archives store.
 
-A program is a torch.fx graph over the portable opset plus its signature, weights, plan and
-metadata. Graph placeholders appear in signature-input order; the graph returns one flat tuple in
+A program is a torch.fx graph over the portable opset plus its signature, weights, plan,
+metadata and, for a per-rank program, its layout (`spmd`, a `SpmdLayout`: portable/ir/spmd.py).
+Graph placeholders appear in signature-input order; the graph returns one flat tuple in
 signature-output order. Two kinds exist:
 
 - `inference`: parameters, buffers and user inputs in; model outputs out.
@@ -27,6 +28,7 @@ from ..torch_compat import copy_graph_module
 from .plan import Plan
 from .printer import format_program
 from .signature import InputKind, Signature
+from .spmd import SpmdLayout
 
 __all__ = ["Persistence", "Program", "ProgramKind", "register_persistence"]
 
@@ -44,6 +46,13 @@ class Program:
     weights: dict[str, torch.Tensor]
     plan: Plan = dataclasses.field(default_factory=Plan)
     metadata: dict[str, Any] = dataclasses.field(default_factory=dict)
+    # the per-rank contract (spmd-partition's output); None for a program that is not per-rank
+    spmd: SpmdLayout | None = None
+
+    @property
+    def is_per_rank(self) -> bool:
+        """Whether this is a per-rank program over more than one rank (`SpmdLayout.is_per_rank`)."""
+        return self.spmd is not None and self.spmd.is_per_rank
 
     @property
     def graph(self) -> torch.fx.Graph:
@@ -94,6 +103,7 @@ class Program:
             "weights": dict(self.weights),
             "plan": self.plan,
             "metadata": copy.deepcopy(self.metadata),
+            "spmd": self.spmd,
         }
         fields.update(changes)
         return Program(**fields)

@@ -31,6 +31,7 @@ from .plan import Plan
 from .program import Program, ProgramKind
 from .signature import Signature, TensorSpec
 from .source import SourceLoc
+from .spmd import SpmdLayout
 from .symbolic import SizeExprError, parse_size
 
 __all__ = [
@@ -397,7 +398,7 @@ def program_to_json(program: Program) -> dict[str, Json]:
         "opset_version": program.opset_version,
         "signature": program.signature.to_json(),
         "plan": program.plan.to_json(),
-        "metadata": encode_value(program.metadata, "metadata"),
+        "metadata": encode_value(_metadata_doc(program), "metadata"),
         # last, so the file reads header first
         "graph": [_encode_node(n) for n in program.graph.nodes],
     }
@@ -421,8 +422,41 @@ def program_from_json(doc: Json, weights: dict[str, torch.Tensor]) -> Program:
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
         raise _malformed(f"{type(exc).__name__}: {exc}") from exc
     _check_metadata(metadata)
+    spmd = _decode_spmd(metadata)
     gm = _decode_graph(doc.get("graph"))
-    return Program(kind, gm, signature, dict(weights), plan, metadata)
+    return Program(kind, gm, signature, dict(weights), plan, metadata, spmd)
+
+
+# the metadata entries passes record after spmd-partition's layout (pass history, comm-overlap)
+_AFTER_SPMD = ("passes", "comm_overlap")
+
+
+def _metadata_doc(program: Program) -> dict[str, Json]:
+    """The metadata document: `program.metadata` with the layout as its "spmd" entry, where the
+    partitioner's write left it in every archive before `Program.spmd`: before the entries of
+    `_AFTER_SPMD`, else last (only the order of entries can differ from an old archive, for
+    passes applied before spmd-partition; the content hash does not depend on it)."""
+    if "spmd" in program.metadata:
+        raise ArchiveError(
+            'cannot save the metadata entry "spmd": the name is reserved for the layout',
+            fix="set the per-rank layout as `Program.spmd` (a SpmdLayout), not in metadata",
+        )
+    if program.spmd is None:
+        return program.metadata
+    keys = list(program.metadata)
+    at = next((i for i, k in enumerate(keys) if k in _AFTER_SPMD), len(keys))
+    entries = list(program.metadata.items())
+    return dict([*entries[:at], ("spmd", program.spmd.to_json()), *entries[at:]])
+
+
+def _decode_spmd(metadata: dict[str, Json]) -> SpmdLayout | None:
+    """Take the "spmd" entry out of the decoded metadata: the program's typed layout."""
+    if "spmd" not in metadata:
+        return None
+    try:
+        return SpmdLayout.from_json(metadata.pop("spmd"))
+    except PortableError as exc:
+        raise _malformed(f"metadata.spmd: {exc.what}") from exc
 
 
 _INPUT_FIELDS = frozenset({"name", "kind", "target", "shape", "dtype"})

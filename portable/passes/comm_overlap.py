@@ -43,7 +43,7 @@ Counts: `buckets` (multi-tensor buckets created), `bucketed` (collectives merged
 `moved` (collectives or waits whose position changed), the three cost-model numbers, and
 `cap-exceeded` (gathers larger than the memory cap). Notes: one per bucket (its tensors, bytes,
 where issued and waited) and one per prefetched gather. The schedule is also recorded as
-`metadata["comm_overlap"]`; `metadata["spmd"]["collectives"]` lists the collectives left.
+`metadata["comm_overlap"]`; `Program.spmd.collectives` lists the collectives left.
 """
 
 from __future__ import annotations
@@ -62,6 +62,7 @@ from portable.errors import PassError
 from portable.ir.program import Program
 from portable.ir.signature import InputKind, TensorSpec
 from portable.ir.source import SourceLoc
+from portable.ir.spmd import Collective
 
 from .base import Pass, PassResult
 from .comm_cost import (
@@ -144,7 +145,7 @@ class CommOverlap(Pass):
             "prefetch": sched.prefetch_notes,
             "estimate": {"before": before, "after": after},
         }
-        _update_spmd_metadata(out, sched)
+        _update_spmd_collectives(out, sched)
         return PassResult(out, self.report(True, counts, sched.notes))
 
 
@@ -553,21 +554,14 @@ def _count_moved(old: list, new: list, movable: set) -> int:
     return sum(1 for n, k in b.items() if a.get(n) != k)
 
 
-def _update_spmd_metadata(out: Program, sched: _Scheduler) -> None:
-    spmd = out.metadata.get("spmd")
-    if not isinstance(spmd, dict) or "collectives" not in spmd:
+def _update_spmd_collectives(out: Program, sched: _Scheduler) -> None:
+    """The layout's collectives: the bucketed members replaced by their bucket's collective."""
+    if out.spmd is None:
         return
     removed = set(sched.removed)
-    kept = [c for c in spmd["collectives"] if c.get("node") not in removed]
+    kept = [c for c in out.spmd.collectives if c.node not in removed]
     for b in sched.buckets:
         if len(b.members) > 1:
-            kept.append(
-                {
-                    "node": b.collective.name,
-                    "op": _OP_NAMES[b.key[0]],
-                    "axis": b.key[2],
-                    "group_size": b.key[3],
-                    "bytes": b.nbytes,
-                }
-            )
-    spmd["collectives"] = kept
+            op, axis, size = _OP_NAMES[b.key[0]], b.key[2], b.key[3]
+            kept.append(Collective(b.collective.name, op, axis, size, b.nbytes))
+    out.spmd = out.spmd.with_collectives(kept)

@@ -27,9 +27,9 @@ examples' training steps and inference programs, and on stock Hugging Face Llama
 GPT-2 and BERT with SDPA attention (tests/test_spmd_hf.py). Ops without a rule run on full copies (correct,
 counted as `replicated-ops`).
 
-The per-rank program records its layout contract in `metadata["spmd"]` (see
-`portable/ir/sharding.py` and docs/parallelism.md): the mesh, every input's and output's
-sharding, the global shapes, and the collectives inserted. Counts: one per collective kind and
+The per-rank program records its layout contract in `Program.spmd` (a `SpmdLayout`, see
+`portable/ir/spmd.py` and docs/parallelism.md): the mesh, every input's and output's
+sharding and global shape, and the collectives inserted. Counts: one per collective kind and
 axis (`all_reduce[dp]`), `bytes[<op>:<axis>]` the bytes each rank sends, `replicated-ops`
 (ops without a rule, run on full copies) and `localized` (replicated values recomputed at the
 local size for a split consumer, named in the notes).
@@ -58,6 +58,7 @@ from portable.ir.signature import (
     Signature,
     TensorSpec,
 )
+from portable.ir.spmd import SpmdLayout, TensorLayout
 from portable.opset.table import CAST, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassResult
@@ -84,7 +85,7 @@ class SpmdPartition(Pass):
             return PassResult(
                 program, self.report(False, notes=["single-device plan: nothing to do"])
             )
-        if "spmd" in program.metadata:
+        if program.spmd is not None:
             raise PassError(
                 f"{program.name} is already partitioned",
                 pass_name=NAME,
@@ -248,16 +249,12 @@ class _Partitioner:
             for o, v in zip(sig.outputs, out_values, strict=True)
         )
         self.out.signature = Signature(inputs, outputs)
-        self.out.metadata["spmd"] = {
-            "mesh": self.mesh.to_json(),
-            "inputs": {i.name: shardings[i.name].to_json() for i in sig.inputs},
-            "outputs": {o.name: self.output_shardings[o.name].to_json() for o in sig.outputs},
-            "global_shapes": {
-                "inputs": {i.name: list(i.spec.shape) for i in sig.inputs},
-                "outputs": {o.name: list(o.spec.shape) for o in sig.outputs},
-            },
-            "collectives": [c.to_json() for c in self._live_collectives()],
-        }
+        self.out.spmd = SpmdLayout(
+            self.mesh,
+            tuple(_layout(i, shardings[i.name]) for i in sig.inputs),
+            tuple(_layout(o, self.output_shardings[o.name]) for o in sig.outputs),
+            tuple(self._live_collectives()),
+        )
 
     def _live_collectives(self):
         live = {n.name for n in self.graph.nodes}
@@ -287,6 +284,11 @@ class _Partitioner:
 
 
 # ---------------------------------------------------------------------------- graph helpers
+
+
+def _layout(spec: InputSpec | OutputSpec, sharding: Sharding) -> TensorLayout:
+    """The layout of a signature value of the global program (its shape is the global one)."""
+    return TensorLayout(spec.name, sharding, tuple(int(d) for d in spec.spec.shape))
 
 
 def _get(node: torch.fx.Node, key):

@@ -61,6 +61,9 @@ class CudaBackend(Backend):
             variants=tuple(ARCHS),
             combines_variants=True,
             requires=("triton",),  # kernels are planned and compiled by Triton
+            # a per-rank program's collectives and local shapes have no lowering here (its
+            # global weights would reach torch.export): refused by check_program
+            per_rank=False,
         )
 
     def check_options(self) -> None:

@@ -3,7 +3,7 @@
 lower -> fp64 downcast (optional) -> JAX rules (platform "neuron") -> tuple-rooted HloModuleProto
       -> read back and parsed -> memory estimate -> offline validator (errors raise) -> io spec,
       neuronx-cc argv
-A per-rank program (metadata["spmd"], mesh.size > 1) gives ONE HLO that every rank runs: its
+A per-rank program (`Program.is_per_rank`, mesh.size > 1) gives ONE HLO that every rank runs: its
 collectives list replica groups of global ranks in NxD order, and a program that needs the rank's
 coordinate on an axis (local_shard) takes the NxD rank as a last int32 parameter, `rank_id`
 (collectives.py).
@@ -61,6 +61,7 @@ class NeuronBackend(Backend):
             program_kinds=frozenset(ProgramKind),
             variants=tuple(TARGETS),
             default_variant=DEFAULT_VARIANT,
+            per_rank=True,  # one HLO for every rank, replica groups in NxD order
             # the lowering rules are JAX's (the same table as xla, platform "neuron")
             requires=("jax", "jaxlib"),
             extra="xla",

@@ -65,12 +65,11 @@ _ROLE_OF = {
 
 
 def rank_layout(program: Program) -> RankLayout | None:
-    """The rank layout of a per-rank program (metadata["spmd"] over a mesh of more than one
-    device); None for a single-device program."""
-    spmd = program.metadata.get("spmd")
-    if not spmd or Mesh(spmd["mesh"]).size <= 1:
+    """The rank layout of a per-rank program (`Program.is_per_rank`: a layout over more than
+    one device); None for a single-device program."""
+    if program.spmd is None or not program.is_per_rank:
         return None
-    return RankLayout.of(Mesh(spmd["mesh"]))
+    return RankLayout.of(program.spmd.mesh)
 
 
 @dataclasses.dataclass(frozen=True)

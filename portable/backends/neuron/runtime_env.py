@@ -50,7 +50,4 @@ def runtime_env(
 
 
 def _world_size(program: Program) -> int:
-    import math
-
-    spmd = program.metadata.get("spmd")
-    return math.prod(spmd["mesh"].values()) if spmd else 1
+    return program.spmd.size if program.spmd is not None else 1

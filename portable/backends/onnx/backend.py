@@ -89,25 +89,14 @@ class OnnxBackend(Backend):
 
 
 def _refuse_unexportable(program: Program) -> None:
-    """Training steps and per-rank programs: say what to export instead."""
+    """Training steps: say what to export instead (per-rank programs are refused by
+    `check_program`: onnx does not declare `per_rank`)."""
     if program.kind is ProgramKind.TRAINING_STEP:
         raise BackendError(
             f"backend onnx exports inference programs; {program.name} is a training step",
             fix="export the forward program: portable.capture(model, example_inputs) without "
             "loss_fn/optimizer, or `portable lower SPEC -t onnx` without --train",
         )
-    spmd = program.metadata.get("spmd")
-    if spmd:
-        from portable.ir.plan import Mesh
-
-        size = Mesh(spmd["mesh"]).size
-        if size > 1:
-            raise BackendError(
-                f"backend onnx exports single-device programs; {program.name} is a per-rank "
-                f"program over a mesh of {size} devices",
-                fix="export the program before `spmd-partition` (the global program), or run "
-                "the per-rank program on `xla` (multi-device) or under `portable run --nproc`",
-            )
 
 
 def _check_nodes(program: Program) -> None:

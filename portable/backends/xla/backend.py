@@ -1,9 +1,10 @@
 """`xla`: programs executed on XLA:CPU through `jax.jit`, so parity runs everywhere.
 
 lower -> StableHLO and HLO text (inspectable); write -> an XLA executable (and the texts under
-out_dir); executable -> the portable Executable. A per-rank program (metadata["spmd"], mesh.size
-> 1) runs on mesh.size XLA devices under shard_map and takes and returns GLOBAL values (spmd.py). Tensors cross between torch and JAX by DLPack
-(zero-copy on CPU). JAX is imported only when this backend is used.
+out_dir); executable -> the portable Executable. A per-rank program (`Program.is_per_rank`: a
+layout over more than one rank) runs on mesh.size XLA devices under shard_map and takes and
+returns GLOBAL values (spmd.py). Tensors cross between torch and JAX by DLPack (zero-copy on
+CPU). JAX is imported only when this backend is used.
 """
 
 from __future__ import annotations
@@ -37,14 +38,15 @@ class XlaBackend(Backend):
             requires=("jax", "jaxlib"),
             extra="xla",
             listed_without_requires=False,  # the op list is the JAX rule table's
+            per_rank=True,  # on mesh.size XLA devices under shard_map (spmd.py)
         )
 
     def lower(self, program: Program, target: Target) -> Lowered:
         self.check_program(program, target)  # first: BackendError when jax is missing
         from .lowering import lower
-        from .spmd import is_per_rank, spmd_function
+        from .spmd import spmd_function
 
-        if is_per_rank(program):
+        if program.is_per_rank:
             # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts
             # are the SPMD module before XLA partitions it
             fn = spmd_function(program)
@@ -63,15 +65,13 @@ class XlaBackend(Backend):
 
     def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
         """The texts under `out_dir`, and the XLA executable (compiled here, in memory)."""
-        from .spmd import is_per_rank
-
         files = []
         if out_dir is not None:
             for name, text in lowered.texts.items():
                 path = out_dir / name
                 path.write_text(text)
                 files.append(path)
-        if is_per_rank(lowered.program):
+        if lowered.program.is_per_rank:
             return Compiled(lowered, files, payload=lowered.payload)
         return Compiled(
             lowered, files, payload=lowered.payload.compile(compiler_options=_COMPILER_OPTIONS)
@@ -82,9 +82,9 @@ class XlaBackend(Backend):
         import jax.numpy as jnp
         import torch
 
-        from .spmd import SpmdExecutable, is_per_rank
+        from .spmd import SpmdExecutable
 
-        if is_per_rank(compiled.lowered.program):
+        if compiled.lowered.program.is_per_rank:
             # GLOBAL inputs and outputs (spmd.py's module docstring)
             return SpmdExecutable(compiled.lowered.program, self.name, compiled.payload)
         xla_executable = compiled.payload

@@ -1,8 +1,9 @@
 """XLA multi-device execution of per-rank programs: one rank per XLA device, under `jax.shard_map`.
 
 A per-rank program (what the spmd-partition pass produces, see `portable/ir/sharding.py`) has
-LOCAL shapes in its signature, collectives as portable ops, and `metadata["spmd"]` with the mesh
-and the `Sharding` of every signature input and output. Here it runs on N = mesh.size XLA devices:
+LOCAL shapes in its signature, collectives as portable ops, and a layout (`Program.spmd`, a
+`portable.ir.spmd.SpmdLayout`) with the mesh and the `Sharding` of every signature input and
+output. Here it runs on N = mesh.size XLA devices:
 
 - mesh: `jax.sharding.Mesh(devices[:N].reshape(mesh sizes), mesh axis names)`: device k is rank k
   (ranks are row-major over the mesh axes, as in `portable.ir.sharding`);
@@ -15,9 +16,9 @@ and the `Sharding` of every signature input and output. Here it runs on N = mesh
   chunk); all_to_all -> all_to_all(tiled); local_shard -> axis_index + dynamic_slice; wait ->
   identity.
 
-The contract of `portable.compile(per_rank_program, backend="xla")` when the program has
-`metadata["spmd"]` and mesh.size > 1: the Executable takes and returns GLOBAL values. User inputs
-are checked against the global shapes (`metadata["spmd"]["global_shapes"]`), the state it holds
+The contract of `portable.compile(per_rank_program, backend="xla")` when the program is per-rank
+(`Program.is_per_rank`: a layout over more than one rank): the Executable takes and returns
+GLOBAL values. User inputs are checked against the layout's global shapes, the state it holds
 (`exe.state`, initialised from `program.weights`) is global, and outputs are global; every call
 shards the inputs onto the devices and gathers the outputs. `run_spmd(program, global_inputs,
 steps)` is the lower-level form that keeps a training step's state on the devices between steps
@@ -41,13 +42,12 @@ from portable.ir.plan import Mesh
 from portable.ir.program import Program, ProgramKind
 from portable.ir.sharding import Sharding
 from portable.ir.signature import OutputKind, TensorSpec
+from portable.ir.spmd import SpmdLayout
 from portable.runtime import Executable, _check_signature
 
 __all__ = [
     "SpmdExecutable",
-    "SpmdLayout",
     "SpmdResult",
-    "is_per_rank",
     "jax_mesh",
     "layout_of",
     "partition_spec",
@@ -56,68 +56,23 @@ __all__ = [
 ]
 
 
-def is_per_rank(program: Program) -> bool:
-    """Whether `program` is a per-rank program over more than one rank."""
-    spmd = program.metadata.get("spmd")
-    return bool(spmd) and Mesh(spmd["mesh"]).size > 1
-
-
-@dataclasses.dataclass(frozen=True)
-class SpmdLayout:
-    """metadata["spmd"] of a per-rank program, parsed: the mesh and the sharding and global shape
-    of every signature input and output (in signature order)."""
-
-    mesh: Mesh
-    inputs: tuple[Sharding, ...]
-    outputs: tuple[Sharding, ...]
-    input_shapes: tuple[tuple[int, ...], ...]
-    output_shapes: tuple[tuple[int, ...], ...]
-
-
 def layout_of(program: Program) -> SpmdLayout:
-    """Parse and check metadata["spmd"] (PlanError naming what is missing or inconsistent)."""
-    spmd = program.metadata.get("spmd")
-    if not spmd:
+    """The layout of a per-rank program, whose signature values are not partial (PlanError
+    otherwise: the verifier has checked the rest)."""
+    layout = program.spmd
+    if layout is None:
         raise PlanError(
-            f"{program.name} is not a per-rank program (no metadata['spmd'])",
+            f"{program.name} is not a per-rank program (it has no spmd layout)",
             fix="apply the spmd-partition pass to a program with a plan",
         )
-    mesh = Mesh(spmd["mesh"])
-    sig = program.signature
-    shapes = spmd.get("global_shapes", {})
-
-    def parse(kind: str, specs) -> tuple[tuple[Sharding, ...], tuple[tuple[int, ...], ...]]:
-        table = spmd.get(kind, {})
-        shardings, global_shapes = [], []
-        for spec in specs:
-            if spec.name not in table:
+    for kind, tensors in (("input", layout.inputs), ("output", layout.outputs)):
+        for t in tensors:
+            if t.sharding.partial:
                 raise PlanError(
-                    f"metadata['spmd']['{kind}'] has no sharding for `{spec.name}`",
-                    fix="every signature input and output needs one (a bug in the pass that "
-                    "wrote it)",
-                )
-            sharding = Sharding.from_json(table[spec.name])
-            if sharding.partial:
-                raise PlanError(
-                    f"{kind[:-1]} `{spec.name}` is partial over {dict(sharding.partial)}",
+                    f"{kind} `{t.name}` is partial over {dict(t.sharding.partial)}",
                     fix="signature values must be reduced before they leave the program",
                 )
-            local = tuple(int(d) for d in spec.spec.shape)
-            want = shapes.get(kind, {}).get(spec.name)
-            glob = sharding.global_shape(local, mesh)
-            if want is not None and tuple(want) != glob:
-                raise PlanError(
-                    f"{kind[:-1]} `{spec.name}`: local shape {list(local)} sharded {sharding} "
-                    f"is global {list(glob)}, metadata says {list(want)}",
-                    fix="a bug in the pass that wrote metadata['spmd']: report it",
-                )
-            shardings.append(sharding)
-            global_shapes.append(glob)
-        return tuple(shardings), tuple(global_shapes)
-
-    ins, in_shapes = parse("inputs", sig.inputs)
-    outs, out_shapes = parse("outputs", sig.outputs)
-    return SpmdLayout(mesh, ins, outs, in_shapes, out_shapes)
+    return layout
 
 
 def partition_spec(sharding: Sharding):
@@ -158,20 +113,22 @@ class _SpmdFunction:
         self.layout = layout = layout_of(program)
         self.mesh = jax_mesh(layout.mesh)
         sharding = jax.sharding.NamedSharding
-        self.in_shardings = [sharding(self.mesh, partition_spec(s)) for s in layout.inputs]
-        self.out_shardings = [sharding(self.mesh, partition_spec(s)) for s in layout.outputs]
+        self.in_shardings = [sharding(self.mesh, partition_spec(t.sharding)) for t in layout.inputs]
+        self.out_shardings = [
+            sharding(self.mesh, partition_spec(t.sharding)) for t in layout.outputs
+        ]
         body = jax.shard_map(
             jax_function(program, "xla", NamedAxisCollectives()),
             mesh=self.mesh,
-            in_specs=tuple(partition_spec(s) for s in layout.inputs),
-            out_specs=tuple(partition_spec(s) for s in layout.outputs),
+            in_specs=tuple(partition_spec(t.sharding) for t in layout.inputs),
+            out_specs=tuple(partition_spec(t.sharding) for t in layout.outputs),
             # replicated outputs are taken from one device; their equality is the pass's contract
             check_vma=False,
         )
         local = abstract_inputs(program)
         glob = [
-            jax.ShapeDtypeStruct(shape, a.dtype, sharding=s)
-            for shape, a, s in zip(layout.input_shapes, local, self.in_shardings, strict=True)
+            jax.ShapeDtypeStruct(t.global_shape, a.dtype, sharding=s)
+            for t, a, s in zip(layout.inputs, local, self.in_shardings, strict=True)
         ]
         self.donated = donated(program)
         with jax.enable_x64(True):
@@ -276,8 +233,10 @@ def _check_global(program: Program, layout: SpmdLayout, values: Sequence[torch.T
             f"{program.name} has {len(inputs)} signature inputs, got {len(values)} values",
             fix="pass the global value of every signature input (state, then the batch)",
         )
-    for spec, shape, value in zip(inputs, layout.input_shapes, values, strict=True):
-        _check_signature(program.name, spec.name, TensorSpec(shape, spec.spec.dtype), value)
+    for spec, t, value in zip(inputs, layout.inputs, values, strict=True):
+        _check_signature(
+            program.name, spec.name, TensorSpec(t.global_shape, spec.spec.dtype), value
+        )
 
 
 class SpmdExecutable(Executable):
@@ -293,7 +252,7 @@ class SpmdExecutable(Executable):
         users = sig.user_inputs
         if len(inputs) != len(users):
             names = ", ".join(
-                f"{u.name}: {list(self.layout.input_shapes[sig.inputs.index(u)])}" for u in users
+                f"{u.name}: {list(self.layout.input(u.name).global_shape)}" for u in users
             )
             raise InputError(
                 f"{self.program.name} takes {len(users)} global input(s), got {len(inputs)}",

@@ -13,7 +13,6 @@ so a value gathered for the forward is reused by every later consumer.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import Any
 
@@ -23,24 +22,13 @@ import torch.fx
 from portable.errors import PassError
 from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding
+from portable.ir.spmd import Collective
 
 from .localize import localize
 
 __all__ = ["Collective", "Redistributor"]
 
 _ops = torch.ops.portable
-
-
-@dataclasses.dataclass(frozen=True)
-class Collective:
-    node: str
-    op: str
-    axis: str
-    group_size: int
-    bytes: int  # bytes each rank sends into the collective (its local input)
-
-    def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
 
 
 class Redistributor:

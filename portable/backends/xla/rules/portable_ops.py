@@ -129,8 +129,8 @@ def _collective(
                 f"{op} over mesh axis {axis!r} with group_size {group_size} in a single-rank "
                 "lowering",
                 "a program with multi-rank collectives is a per-rank program: produce it with the "
-                "spmd-partition pass, which records metadata['spmd'], and `portable.compile` runs "
-                "it on mesh.size XLA devices",
+                "spmd-partition pass, which records its layout (`Program.spmd`), and "
+                "`portable.compile` runs it on mesh.size XLA devices",
             )
         return x
     return getattr(ctx.collectives, op)(x, *args, axis, group_size)

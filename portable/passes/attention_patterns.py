@@ -44,6 +44,7 @@ from typing import Any
 import torch
 from torch.fx import Node
 
+from portable.opset import bind
 from portable.opset.table import CAST, IDENTITY, RESHAPE, ops_with
 
 from . import element_order
@@ -161,8 +162,9 @@ def shape(node: Node) -> tuple[Any, ...]:
     return tuple(node.meta["tensor"].shape)
 
 
-def arg(node: Node, i: int) -> Node:
-    return typing.cast(Node, node.args[i])
+def operand(node: Node, name: str) -> Node:
+    """The argument `name` of `node` (see `bind`), as the tensor operand the patterns expect."""
+    return typing.cast(Node, bind(node)[name])
 
 
 def constant(value: Any, constants: Mapping[Node, float] | None = None) -> float | None:
@@ -172,14 +174,15 @@ def constant(value: Any, constants: Mapping[Node, float] | None = None) -> float
         return float(value)
     source = value
     while is_op(source, _COPIES):
-        source = typing.cast(Node, source).args[0]
+        source = operand(typing.cast(Node, source), "self")
     if constants and isinstance(source, Node) and source in constants:
         return constants[source]
     if is_op(value, CONSTANTS):
         node = typing.cast(Node, value)
-        if node.target is aten.full.default and list(typing.cast(list, node.args[0])):
+        is_full = node.target is aten.full.default
+        if is_full and list(typing.cast(list, bind(node).size)):
             return None
-        c = node.args[1] if node.target is aten.full.default else node.args[0]
+        c = bind(node).fill_value if is_full else bind(node).s
         if isinstance(c, (int, float)) and not isinstance(c, bool):
             return float(c)
     return None
@@ -199,17 +202,17 @@ def logical(node: Node, want: tuple[Any, ...]) -> Node | None:
             found = node
         if not is_op(node, THROUGH):
             return found
-        if node.target is aten.expand.default and shape(arg(node, 0)) != shape(node):
+        if node.target is aten.expand.default and shape(operand(node, "self")) != shape(node):
             return found
-        node = arg(node, 0)
+        node = operand(node, "self")
 
 
 def transpose_of(node: Node, rank: int) -> Node | None:
     """x when `node` is transpose(x, a, b) swapping the last two dims (3-D batched matmul)."""
     if is_op(node, aten.transpose.int):
-        dims = {typing.cast(int, d) % rank for d in node.args[1:3]}
+        dims = {typing.cast(int, d) % rank for d in (bind(node).dim0, bind(node).dim1)}
         if dims == {rank - 2, rank - 1}:
-            return arg(node, 0)
+            return operand(node, "self")
     return None
 
 
@@ -225,9 +228,9 @@ def match_scale_mask(
 ) -> ScaleMask | Miss:
     """softmax(x * c + m): walk back from the softmax through masks, scales and casts.
     `constants`: the program's 0-d constants by placeholder (fills written as tensors)."""
-    if softmax.args[2]:
+    if bind(softmax).half_to_float:
         return Miss("softmax with half_to_float=True")
-    found = ScaleMask(x=arg(softmax, 0))
+    found = ScaleMask(x=operand(softmax, "self"))
     node, nxt = found.x, softmax
     scaled = False
     while True:
@@ -236,13 +239,13 @@ def match_scale_mask(
         if dtype_only_cast(node) or is_op(node, aten.clone.default):
             if dtype_only_cast(node):
                 found.tags.append("fp32-softmax")
-        elif is_op(node, MUL | DIV) and constant(node.args[1], constants) is not None:
-            c = typing.cast(float, constant(node.args[1], constants))
+        elif is_op(node, MUL | DIV) and constant(bind(node).other, constants) is not None:
+            c = typing.cast(float, constant(bind(node).other, constants))
             found.scale *= c if node.target in MUL else 1.0 / c
             found.tags.append("scale-mul" if node.target in MUL else "scale-div")
             scaled = True
         elif is_op(node, ADD) and _additive_slot(found) and not _has_alpha(node):
-            a, b = arg(node, 0), arg(node, 1)
+            a, b = operand(node, "self"), operand(node, "other")
             cont, mask = (b, a) if _scores_side(b) and not _scores_side(a) else (a, b)
             if not isinstance(mask, Node) or not isinstance(cont, Node):
                 break
@@ -259,7 +262,8 @@ def match_scale_mask(
         elif is_op(node, ADD) and found.mask is not None and not _additive_slot(found):
             return Miss(f"%{node.name}: an additive mask together with a bool mask")
         elif is_op(node, WHERE):
-            cond, a, b = arg(node, 0), node.args[1], node.args[2]
+            where = bind(node)
+            cond, a, b = where.condition, where.self, where.other
             fill_a, fill_b = constant(a, constants), constant(b, constants)
             if fill_a is not None and fill_a <= MASK_FILL and isinstance(b, Node):
                 mask, negate, cont = cond, True, b  # where(c, -inf, s): keep ~c
@@ -273,7 +277,7 @@ def match_scale_mask(
             if found.mask is not None:
                 return Miss(f"%{node.name}: a bool mask together with an additive mask")
             if is_op(mask, aten.bitwise_not.default) or is_op(mask, aten.logical_not.default):
-                mask, negate = arg(mask, 0), not negate
+                mask, negate = operand(mask, "self"), not negate
             found.mask, found.negate = mask, negate
             found.tags.append("bool-mask")
             found.chain.append(node)
@@ -282,7 +286,7 @@ def match_scale_mask(
         else:
             break
         found.chain.append(node)
-        nxt, node = node, arg(node, 0)
+        nxt, node = node, operand(node, "self")
     found.x = node
     return found
 
@@ -312,7 +316,7 @@ def _scores_side(value: Any) -> bool:
             return True
         if not is_op(value, THROUGH | CASTS | MUL | DIV):
             return False
-        value = value.args[0]
+        value = bind(value).self
     return False
 
 
@@ -332,26 +336,26 @@ def match_attention(
     bmm_s = _scores_bmm(scores, sm)
     if isinstance(bmm_s, Miss):
         return bmm_s
-    dim = typing.cast(int, softmax.args[1]) % 4
+    dim = typing.cast(int, bind(softmax).dim) % 4
     if dim != 3:
-        return Miss(f"softmax over dim {softmax.args[1]}, not the keys (dim -1)")
+        return Miss(f"softmax over dim {bind(softmax).dim}, not the keys (dim -1)")
     b, h, lq, lk = shape(scores)
-    q3, kt3 = arg(bmm_s, 0), arg(bmm_s, 1)
+    q3, kt3 = operand(bmm_s, "self"), operand(bmm_s, "mat2")
     d = shape(q3)[-1]
     q = _operand(q3, (b, h, lq, d))
     kt = logical(kt3, (b, h, d, lk))
     k, k_perm = (transpose_of(kt, 4), None) if kt is not None else (None, None)
     if k is None and is_op(kt, aten.permute.default):
-        perm = list(typing.cast(list, typing.cast(Node, kt).args[1]))
+        perm = list(typing.cast(list, bind(typing.cast(Node, kt)).dims))
         k_perm = perm[:2] + [perm[3], perm[2]]
-        k = arg(typing.cast(Node, kt), 0)
+        k = operand(typing.cast(Node, kt), "self")
     if k is None:  # k^T computed some other way (einsum): k = permute(k^T, [0, 1, 3, 2])
         k, k_perm = (kt if kt is not None else Flat(kt3, (b, h, d, lk))), [0, 1, 3, 2]
     probs = _probs(softmax, training)
     if isinstance(probs, Miss):
         return probs
     p3, out3, tags = probs
-    v3 = arg(out3, 1)
+    v3 = operand(out3, "mat2")
     dv = shape(v3)[-1]
     v = _operand(v3, (b, h, lk, dv))
     found = Attention(
@@ -405,13 +409,13 @@ def _operand(x3: Node, want: tuple[Any, ...]) -> Node | Flat:
 
 def _causal(mask: Node, lq: int, lk: int) -> bool:
     """mask = tril(full([Lq, Lk], True)): the top-left causal mask."""
-    if not is_op(mask, aten.tril.default) or len(mask.args) > 1 and mask.args[1] != 0:
+    if not is_op(mask, aten.tril.default) or bind(mask).diagonal != 0:
         return False
-    full = arg(mask, 0)
+    full = operand(mask, "self")
     return (
         is_op(full, aten.full.default)
-        and list(typing.cast(list, full.args[0])) == [lq, lk]
-        and full.args[1] is True
+        and list(typing.cast(list, bind(full).size)) == [lq, lk]
+        and bind(full).fill_value is True
     )
 
 
@@ -421,7 +425,7 @@ def _probs(softmax: Node, training: bool) -> tuple[Node, Node, list[str]] | Miss
     node, tags, chain = softmax, [], [softmax]
     for _ in range(12):
         forward = [u for u in node.users if not is_op(u, SOFTMAX_BACKWARD)]
-        out = [u for u in forward if is_op(u, BMM) and u.args[0] is node]
+        out = [u for u in forward if is_op(u, BMM) and bind(u).self is node]
         if out and len(shape(node)) == 3:
             others = [u for u in forward if u is not out[0] and not _bwd_transpose(u)]
             if others or len(out) != 1:
@@ -453,11 +457,11 @@ def _peel_inference(found: Attention) -> None:
     """Fold a scale on q or k and undo key/value repetition (GQA) into the attention op."""
     for side in ("q", "k"):
         x = getattr(found, side)
-        if is_op(x, MUL | DIV) and constant(x.args[1]) is not None and len(x.users) == 1:
-            c = typing.cast(float, constant(x.args[1]))
-            if shape(arg(x, 0)) == shape(x) and found.k_perm is None:
+        if is_op(x, MUL | DIV) and constant(bind(x).other) is not None and len(x.users) == 1:
+            c = typing.cast(float, constant(bind(x).other))
+            if shape(operand(x, "self")) == shape(x) and found.k_perm is None:
                 found.scale *= c if x.target in MUL else 1.0 / c
-                setattr(found, side, arg(x, 0))
+                setattr(found, side, operand(x, "self"))
                 found.tags.append(f"scale-on-{side}")
     if found.k_perm is None:
         k, v = _unrepeat(found.k), _unrepeat(found.v)
@@ -470,19 +474,19 @@ def _unrepeat(x: Node) -> Node | None:
     """kv for x = reshape(clone(expand(unsqueeze(kv, 2), [B, Hkv, n, L, D])), [B, Hkv*n, L, D])."""
     if not is_op(x, RESHAPES):
         return None
-    e = arg(x, 0)
+    e = operand(x, "self")
     while is_op(e, aten.clone.default):
-        e = arg(e, 0)
+        e = operand(e, "self")
     if not is_op(e, aten.expand.default) or len(shape(e)) != 5:
         return None
-    u = arg(e, 0)
+    u = operand(e, "self")
     b, hkv, n, length, d = shape(e)
     if shape(u) != (b, hkv, 1, length, d) or shape(x) != (b, hkv * n, length, d):
         return None
-    if is_op(u, aten.unsqueeze.default) and typing.cast(int, u.args[1]) % 5 == 2:
-        return arg(u, 0)
-    if is_op(u, RESHAPES) and shape(arg(u, 0)) == (b, hkv, length, d):
-        return arg(u, 0)
+    if is_op(u, aten.unsqueeze.default) and typing.cast(int, bind(u).dim) % 5 == 2:
+        return operand(u, "self")
+    if is_op(u, RESHAPES) and shape(operand(u, "self")) == (b, hkv, length, d):
+        return operand(u, "self")
     return None
 
 
@@ -498,23 +502,23 @@ def _backward(
     dv3 = _bwd_bmm(p3, lhs=True)
     if dv3 is None:
         return Miss(f"no dV = P^T @ dO for %{p3.name} in the backward")
-    d_out3 = arg(dv3, 1)
+    d_out3 = operand(dv3, "mat2")
     dp3 = _bwd_bmm(v3, lhs=False)
-    if dp3 is None or dp3.args[0] is not d_out3:
+    if dp3 is None or bind(dp3).self is not d_out3:
         return Miss(f"no dP = dO @ V^T for %{v3.name} in the backward")
-    node = arg(grad_in, 0)
+    node = operand(grad_in, "grad_output")
     for _ in range(8):
         if node is dp3:
             break
         if not (is_op(node, THROUGH) or dtype_only_cast(node)):
             return Miss(f"softmax backward input %{node.name} is not dO @ V^T")
-        node = arg(node, 0)
+        node = operand(node, "self")
     else:
         return Miss("softmax backward input is not dO @ V^T")
     dkt3, dq3 = _bwd_bmm(q3, lhs=True), _bwd_bmm(kt3, lhs=False)
-    if dkt3 is None or dq3 is None or dkt3.args[1] is not dq3.args[0]:
+    if dkt3 is None or dq3 is None or bind(dkt3).mat2 is not bind(dq3).self:
         return Miss("no dQ / dK bmm's sharing one score gradient in the backward")
-    ds3 = arg(dq3, 0)
+    ds3 = operand(dq3, "self")
     return _score_gradient(grad_in, ds3, sm, Backward(d_out3, dq3, dkt3, dv3))
 
 
@@ -573,7 +577,7 @@ def _bwd_bmm(saved: Node, lhs: bool) -> Node | None:
         if transpose_of(t, 3) is not saved:
             continue
         for u in t.users:
-            if is_op(u, BMM) and u.args[0 if lhs else 1] is t:
+            if is_op(u, BMM) and bind(u)["self" if lhs else "mat2"] is t:
                 return u
     return None
 

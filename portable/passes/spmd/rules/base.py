@@ -14,12 +14,14 @@ import torch.fx
 
 from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
 
 __all__ = [
     "RULES",
     "Decision",
     "Key",
     "RuleContext",
+    "arg_key",
     "drop_partial",
     "merged_dims",
     "norm_dim",
@@ -38,6 +40,10 @@ Key = int | tuple[int, int] | str
 
 @dataclasses.dataclass
 class Decision:
+    """A rule's answer. `inputs` and `args` are keyed as the walker reads the call: a position in
+    `node.args`, a `(position, index)` into a list argument, or a keyword of `node.kwargs`
+    (`arg_key` finds the key of a named argument)."""
+
     inputs: dict[Key, Sharding]
     output: Any  # Sharding, or a tuple of them (None for non-tensor results)
     args: dict[int, Any] = dataclasses.field(default_factory=dict)  # replaced positional args
@@ -105,6 +111,16 @@ def tensor_args(node: torch.fx.Node) -> list[tuple[Key, torch.fx.Node]]:
     return out
 
 
+def arg_key(node: torch.fx.Node, name: str) -> Key | None:
+    """Where `node`'s call passes its op's argument `name`: the position in `node.args`, or the
+    keyword in `node.kwargs`; None when the call leaves it to its schema default. Positions
+    follow the schema as `bind` does (positional arguments in order)."""
+    positional = [a.name for a in node.target._schema.arguments if not a.kwarg_only]  # type: ignore[union-attr]
+    if name in positional and positional.index(name) < len(node.args):
+        return positional.index(name)
+    return name if name in node.kwargs else None
+
+
 def replicated_like(ctx: RuleContext, node: torch.fx.Node) -> Sharding:
     return Sharding.replicated(len(ctx.shape(node)))
 
@@ -170,5 +186,5 @@ def creation(ctx, node):
 
 @rule(operator.getitem)
 def getitem(ctx, node):
-    parent = ctx.sh(node.args[0])
-    return Decision({}, parent[node.args[1]])
+    bound = bind(node)
+    return Decision({}, ctx.sh(bound.node("self"))[bound.literal("index")])

@@ -6,6 +6,7 @@ import torch
 import torch.fx
 
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
 
 from .base import (
     Decision,
@@ -88,20 +89,23 @@ def _matmul(ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int):
 
 @rule(aten.mm.default)
 def mm(ctx, node):
-    a_req, b_req, out = _matmul(ctx, node.args[0], node.args[1], 0)
+    bound = bind(node)
+    a_req, b_req, out = _matmul(ctx, bound.node("self"), bound.node("mat2"), 0)
     return Decision({0: a_req, 1: b_req}, out)
 
 
 @rule(aten.bmm.default)
 def bmm(ctx, node):
-    a_req, b_req, out = _matmul(ctx, node.args[0], node.args[1], 1)
+    bound = bind(node)
+    a_req, b_req, out = _matmul(ctx, bound.node("self"), bound.node("mat2"), 1)
     return Decision({0: a_req, 1: b_req}, out)
 
 
 @rule(aten.addmm.default)
 def addmm(ctx, node):
     """bias + a @ b. The walker splits it into mm + add when the product would be partial."""
-    bias, a, b = node.args[:3]
+    bound = bind(node)
+    bias, a, b = bound.node("self"), bound.node("mat1"), bound.node("mat2")
     a_req, b_req, out = _matmul(ctx, a, b, 0)
     if out.partial:
         return Decision({}, None, args={"split": True})

@@ -10,6 +10,8 @@ import torch
 import torch.fx
 
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
+from portable.opset.table import RESHAPE, ops_with
 
 from .base import (
     Decision,
@@ -28,16 +30,17 @@ portable_ops = torch.ops.portable
 
 @rule(aten.t.default)
 def t(ctx, node):
-    s = ctx.sh(node.args[0])
+    s = ctx.sh(bind(node).node("self"))
     dims = s.dims[::-1] if len(s.dims) == 2 else s.dims
     return Decision({0: s}, Sharding(dims, s.partial))
 
 
 @rule(aten.transpose.int)
 def transpose(ctx, node):
-    s = ctx.sh(node.args[0])
+    bound = bind(node)
+    s = ctx.sh(bound.node("self"))
     nd = len(s.dims)
-    d0, d1 = norm_dim(node.args[1], nd), norm_dim(node.args[2], nd)
+    d0, d1 = norm_dim(bound.literal("dim0"), nd), norm_dim(bound.literal("dim1"), nd)
     dims = list(s.dims)
     dims[d0], dims[d1] = dims[d1], dims[d0]
     return Decision({0: s}, Sharding(tuple(dims), s.partial))
@@ -45,9 +48,10 @@ def transpose(ctx, node):
 
 @rule(aten.permute.default)
 def permute(ctx, node):
-    s = ctx.sh(node.args[0])
+    bound = bind(node)
+    s = ctx.sh(bound.node("self"))
     nd = len(s.dims)
-    order = [norm_dim(d, nd) for d in node.args[1]]
+    order = [norm_dim(d, nd) for d in bound.literal("dims")]
     return Decision({0: s}, Sharding(tuple(s.dims[d] for d in order), s.partial))
 
 
@@ -91,7 +95,7 @@ def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
     """(required input, output) shardings of a reshape: a split dim stays split when it leads
     its group of merged/split dims and the axes divide the output dim it maps to; other split
     dims are gathered first. None when the dims do not group (then: full copies)."""
-    x = node.args[0]
+    x = bind(node).node("self")
     s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
     groups = dim_groups(src, dst)
     if groups is None:
@@ -114,8 +118,9 @@ def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
     )
 
 
-@rule(aten.view.default, aten._unsafe_view.default, aten.reshape.default)
+@rule(*ops_with(RESHAPE))
 def view(ctx, node):
+    """A reshape: its size argument (the second) becomes the local sizes."""
     shardings = _reshape(ctx, node)
     if shardings is None:
         return replicate_all(ctx, node)
@@ -135,22 +140,24 @@ def view_like(ctx, node):
 
 @rule(aten.expand.default)
 def expand(ctx, node):
-    x = node.args[0]
+    bound = bind(node)
+    x = bound.node("self")
     s, src = ctx.sh(x), ctx.shape(x)
     dst = tuple(node.meta["tensor"].shape)
     off = len(dst) - len(src)
     out_dims = [()] * off + [s.dims[d] if src[d] == dst[d + off] else () for d in range(len(src))]
     out = Sharding(tuple(out_dims), s.partial)
-    local = list(out.local_shape(dst, ctx.mesh))
-    sizes = [-1 if (d >= off and node.args[1][d] == -1) else local[d] for d in range(len(dst))]
+    local, given = list(out.local_shape(dst, ctx.mesh)), bound.literal("size")
+    sizes = [-1 if (d >= off and given[d] == -1) else local[d] for d in range(len(dst))]
     return Decision({0: Sharding(tuple(out_dims[off:]), s.partial)}, out, args={1: sizes})
 
 
 @rule(aten.slice.Tensor)
 def slice_(ctx, node):
-    x = node.args[0]
+    bound = bind(node)
+    x = bound.node("self")
     s, shape = ctx.sh(x), ctx.shape(x)
-    dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, len(shape))
+    dim = norm_dim(bound.dim, len(shape))
     out_shape = node.meta["tensor"].shape
     if s.dims[dim] and out_shape[dim] != shape[dim]:
         s = unshard_dims(s, [dim])
@@ -159,9 +166,9 @@ def slice_(ctx, node):
 
 @rule(aten.select.int)
 def select(ctx, node):
-    x = node.args[0]
-    s = ctx.sh(x)
-    dim = norm_dim(node.args[1], len(s.dims))
+    bound = bind(node)
+    s = ctx.sh(bound.node("self"))
+    dim = norm_dim(bound.literal("dim"), len(s.dims))
     s = unshard_dims(s, [dim])
     out = Sharding(s.dims[:dim] + s.dims[dim + 1 :], s.partial)
     return Decision({0: s}, out)
@@ -169,18 +176,19 @@ def select(ctx, node):
 
 @rule(aten.split_with_sizes.default, aten.split.Tensor)
 def split(ctx, node):
-    x = node.args[0]
-    s = ctx.sh(x)
-    dim = norm_dim(node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", 0), len(s.dims))
+    bound = bind(node)
+    s = ctx.sh(bound.node("self"))
+    dim = norm_dim(bound.dim, len(s.dims))
     s = unshard_dims(s, [dim])
     return Decision({0: s}, tuple(s for _ in node.meta["tensor"]))
 
 
 @rule(aten.cat.default)
 def cat(ctx, node):
-    tensors = node.args[0]
+    bound = bind(node)
+    tensors = bound.tensors
     nd = out_ndim(node)
-    dim = norm_dim(node.args[1] if len(node.args) > 1 else 0, nd)
+    dim = norm_dim(bound.dim, nd)
     s = Sharding(merged_dims([ctx.sh(t) for t in tensors], whole=[dim]))
     return Decision({(0, j): s for j in range(len(tensors))}, s)
 
@@ -188,8 +196,9 @@ def cat(ctx, node):
 @rule(aten.slice_scatter.default)
 def slice_scatter(ctx, node):
     """x with a slice along `dim` replaced by src: split like either, `dim` whole."""
-    x, src = node.args[:2]
-    dim = norm_dim(node.args[2] if len(node.args) > 2 else 0, len(ctx.shape(x)))
+    bound = bind(node)
+    x, src = bound.node("self"), bound.node("src")
+    dim = norm_dim(bound.dim, len(ctx.shape(x)))
     s = Sharding(merged_dims([ctx.sh(x), ctx.sh(src)], whole=[dim]))
     return Decision({0: s, 1: s}, s)
 
@@ -197,8 +206,9 @@ def slice_scatter(ctx, node):
 @rule(aten.select_scatter.default)
 def select_scatter(ctx, node):
     """x with x.select(dim, i) replaced by src (which lacks `dim`)."""
-    x, src, dim = node.args[:3]
-    dim = norm_dim(dim, len(ctx.shape(x)))
+    bound = bind(node)
+    x, src = bound.node("self"), bound.node("src")
+    dim = norm_dim(bound.literal("dim"), len(ctx.shape(x)))
     sx, ss = ctx.sh(x), ctx.sh(src)
     widened = Sharding(ss.dims[:dim] + ((),) + ss.dims[dim:])
     s = Sharding(merged_dims([sx, widened], whole=[dim]))
@@ -209,9 +219,10 @@ def select_scatter(ctx, node):
 def gather(ctx, node):
     """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: `dim` whole on both; another
     dim is split alike on x and index where their sizes agree (x whole where index is shorter)."""
-    x, dim, idx = node.args[:3]
+    bound = bind(node)
+    x, idx = bound.node("self"), bound.node("index")
     xshape, ishape = ctx.shape(x), ctx.shape(idx)
-    dim = norm_dim(dim, len(xshape))
+    dim = norm_dim(bound.literal("dim"), len(xshape))
     whole = [dim, *(d for d in range(len(xshape)) if xshape[d] != ishape[d])]
     s = Sharding(merged_dims([drop_partial(ctx.sh(x)), drop_partial(ctx.sh(idx))], whole=whole))
     return Decision({0: s, 2: s}, s)
@@ -222,7 +233,8 @@ def index(ctx, node):
     """x[i, j, ...] with leading index tensors: the output is the indices' broadcast shape, then
     x's dims after the indexed ones. Indexed dims of x are whole (the indices are global
     positions); the other dims of x and the indices' dims keep their splits."""
-    x, indices = node.args[:2]
+    bound = bind(node)
+    x, indices = bound.node("self"), bound.indices
     if any(i is None for i in indices):
         return replicate_all(ctx, node)
     xs = drop_partial(ctx.sh(x))

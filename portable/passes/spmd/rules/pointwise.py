@@ -9,6 +9,9 @@ import torch
 import torch.fx
 
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
+from portable.opset.table import CAST, IDENTITY, ops_with
+from portable.opset.table import ELEMENTWISE as _ELEMENTWISE_TRAIT
 
 from .base import (
     Decision,
@@ -24,7 +27,7 @@ aten = torch.ops.aten
 portable_ops = torch.ops.portable
 
 
-_LINEAR_UNARY = {aten.neg.default, aten.clone.default, aten.alias.default}
+_LINEAR_UNARY = ops_with(IDENTITY) | {aten.neg.default}
 _ADDITIVE = {aten.add.Tensor, aten.sub.Tensor}
 _MULTIPLICATIVE = {aten.mul.Tensor, aten.mul.Scalar}
 _DIVISION = {aten.div.Tensor, aten.div.Scalar}
@@ -42,10 +45,11 @@ def _linear_partial(ctx: RuleContext, node: torch.fx.Node, partial_keys, ops) ->
         return True
     if node.target is aten._to_copy.default:
         src = ctx.dtype(tensors[0][1])
-        dst = node.kwargs.get("dtype", src)
+        dst = bind(node).dtype
+        dst = src if dst is None else dst
         return dst.is_floating_point and dst.itemsize >= src.itemsize
     if node.target in _ADDITIVE:
-        return len(partial_keys) == len(keys) == 2 and node.kwargs.get("alpha", 1) == 1
+        return len(partial_keys) == len(keys) == 2 and bind(node).alpha == 1
     if node.target in _MULTIPLICATIVE:
         return len(partial_keys) == 1
     if node.target in _DIVISION:
@@ -108,76 +112,14 @@ def _sequence_split(ctx: RuleContext, axis: str, oshape, target) -> bool:
     return oshape[1] % factor == 0
 
 
-ELEMENTWISE = (
-    aten.add.Tensor,
-    aten.add.Scalar,
-    aten.sub.Tensor,
-    aten.sub.Scalar,
-    aten.mul.Tensor,
-    aten.mul.Scalar,
-    aten.div.Tensor,
-    aten.div.Scalar,
-    aten.div.Tensor_mode,
-    aten.neg.default,
-    aten.clone.default,
-    aten.alias.default,
-    aten.lift_fresh_copy.default,
-    aten._to_copy.default,
-    aten.addcmul.default,
+ELEMENTWISE = ops_with(_ELEMENTWISE_TRAIT, IDENTITY, CAST) | {
+    aten.lift_fresh_copy.default,  # a copy of a constant (no trait in the opset table)
+    # not in the opset (a verified program has none of them); kept as the rule has always had
     aten.addcdiv.default,
-    aten.pow.Scalar,
-    aten.pow.Tensor_Scalar,
-    aten.pow.Tensor_Tensor,
-    aten.reciprocal.default,
-    aten.rsub.Scalar,
-    aten.sqrt.default,
-    aten.rsqrt.default,
-    aten.lerp.Scalar,
     aten.lerp.Tensor,
-    aten.gelu.default,
-    aten.gelu_backward.default,
-    aten.silu.default,
-    aten.silu_backward.default,
-    aten.relu.default,
-    aten.threshold_backward.default,
-    aten.sigmoid.default,
-    aten.sigmoid_backward.default,
-    aten.tanh.default,
-    aten.tanh_backward.default,
-    aten.exp.default,
-    aten.log.default,
-    aten.abs.default,
-    aten.sin.default,
-    aten.cos.default,
-    aten.bitwise_not.default,
-    aten.bitwise_and.Tensor,
-    aten.bitwise_or.Tensor,
-    aten.logical_not.default,
-    aten.logical_and.default,
-    aten.logical_or.default,
-    aten.eq.Scalar,
-    aten.eq.Tensor,
-    aten.ne.Scalar,
-    aten.ne.Tensor,
-    aten.gt.Scalar,
-    aten.gt.Tensor,
-    aten.lt.Scalar,
-    aten.lt.Tensor,
-    aten.ge.Scalar,
-    aten.ge.Tensor,
-    aten.le.Scalar,
-    aten.le.Tensor,
-    aten.isnan.default,
-    aten.where.self,
-    aten.maximum.default,
-    aten.minimum.default,
-    aten.clamp.default,
-    aten.clamp_min.default,
-    aten.clamp_max.default,
     aten.masked_fill.Scalar,
     aten.sign.default,
-    aten.erf.default,
-)
+}
 """Broadcasting elementwise ops: each output element is a function of the inputs' elements at
 the same (broadcast) position, so any dim may be split (`pointwise`, and `localize.py`)."""
 rule(*ELEMENTWISE)(pointwise)
@@ -185,14 +127,14 @@ rule(*ELEMENTWISE)(pointwise)
 
 @rule(aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
 def like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
-    s = drop_partial(ctx.sh(node.args[0]))
-    return Decision({0: ctx.sh(node.args[0])}, s)
+    x = bind(node).node("self")
+    return Decision({0: ctx.sh(x)}, drop_partial(ctx.sh(x)))
 
 
 @rule(aten.tril.default, aten.triu.default)
 def triangle(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """The last two dims whole (the diagonal is global); leading dims keep their splits."""
-    s = drop_partial(ctx.sh(node.args[0]))
+    s = drop_partial(ctx.sh(bind(node).node("self")))
     nd = len(s.dims)
     s = Sharding(s.dims[: nd - 2] + ((), ()))
     return Decision({0: s}, s)
@@ -204,14 +146,15 @@ def triangle(ctx: RuleContext, node: torch.fx.Node) -> Decision:
 @rule(aten.cumsum.default)
 def cumsum(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """A prefix sum along `dim`: that dim whole, the others keep their splits."""
-    s = drop_partial(ctx.sh(node.args[0]))
-    dim = norm_dim(node.args[1], len(s.dims))
+    bound = bind(node)
+    s = drop_partial(ctx.sh(bound.node("self")))
+    dim = norm_dim(bound.literal("dim"), len(s.dims))
     s = Sharding(tuple(() if d == dim else a for d, a in enumerate(s.dims)))
     return Decision({0: s}, s)
 
 
 def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind: str) -> Decision:
-    x = node.args[0]
+    x = bind(node).node("self")
     s = ctx.sh(x)
     nd = len(ctx.shape(x))
     rdims = set(range(nd)) if dims is None or len(dims) == 0 else {norm_dim(d, nd) for d in dims}
@@ -232,8 +175,8 @@ def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind:
 
 @rule(aten.sum.dim_IntList)
 def sum_dim(ctx, node):
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    bound = bind(node)
+    dims, keep = bound.get("dim"), bound.keepdim
     return _reduction(ctx, node, dims, keep, "sum")
 
 
@@ -244,14 +187,14 @@ def sum_all(ctx, node):
 
 @rule(aten.mean.dim)
 def mean_dim(ctx, node):
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
-    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    bound = bind(node)
+    dims, keep = bound.get("dim"), bound.keepdim
     return _reduction(ctx, node, dims, keep, "avg")
 
 
 @rule(aten.amax.default, aten.amin.default)
 def amax(ctx, node):
-    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", [])
-    keep = node.args[2] if len(node.args) > 2 else node.kwargs.get("keepdim", False)
+    bound = bind(node)
+    dims, keep = bound.dim, bound.keepdim
     kind = "max" if node.target is aten.amax.default else "min"
     return _reduction(ctx, node, dims, keep, kind)

@@ -9,9 +9,12 @@ import torch
 import torch.fx
 
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
 
 from .base import (
     Decision,
+    Key,
+    arg_key,
     drop_partial,
     merged_dims,
     norm_dim,
@@ -27,15 +30,17 @@ portable_ops = torch.ops.portable
 
 @rule(aten._softmax.default, aten._log_softmax.default)
 def softmax(ctx, node):
-    s = drop_partial(ctx.sh(node.args[0]))
-    s = unshard_dims(s, [norm_dim(node.args[1], len(s.dims))])
+    bound = bind(node)
+    s = drop_partial(ctx.sh(bound.node("self")))
+    s = unshard_dims(s, [norm_dim(bound.literal("dim"), len(s.dims))])
     return Decision({0: s}, s)
 
 
 @rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
 def softmax_backward(ctx, node):
-    s = drop_partial(ctx.sh(node.args[1]))
-    s = unshard_dims(s, [norm_dim(node.args[2], len(s.dims))])
+    bound = bind(node)
+    s = drop_partial(ctx.sh(bound.node("output")))
+    s = unshard_dims(s, [norm_dim(bound.literal("dim"), len(s.dims))])
     return Decision({0: s, 1: s}, s)
 
 
@@ -55,29 +60,35 @@ def _leading_partial(s: Sharding, ndim: int) -> Sharding:
     return Sharding(((),) * ndim, tuple(sorted((a, "sum") for a in s.axes())))
 
 
-def _replicated_args(ctx, node, positions) -> dict:
+def _replicated_args(ctx, node, names: Sequence[str]) -> dict:
+    """Full copies of the tensor arguments `names` (weights, biases); an omitted or None one
+    needs nothing."""
+    bound = bind(node)
     return {
-        i: replicated_like(ctx, node.args[i])
-        for i in positions
-        if i < len(node.args) and isinstance(node.args[i], torch.fx.Node)
+        arg_key(node, name): replicated_like(ctx, bound[name])
+        for name in names
+        if isinstance(bound.get(name), torch.fx.Node)
     }
 
 
 @rule(aten.native_layer_norm.default)
 def native_layer_norm(ctx, node):
-    nnorm = len(node.args[1])
-    s = _norm_input(ctx, node.args[0], nnorm)
+    bound = bind(node)
+    nnorm = len(bound.literal("normalized_shape"))
+    s = _norm_input(ctx, bound.node("input"), nnorm)
     return Decision(
-        {0: s, **_replicated_args(ctx, node, (2, 3))}, (s, _stats(s, nnorm), _stats(s, nnorm))
+        {0: s, **_replicated_args(ctx, node, ("weight", "bias"))},
+        (s, _stats(s, nnorm), _stats(s, nnorm)),
     )
 
 
 @rule(aten.native_layer_norm_backward.default)
 def native_layer_norm_backward(ctx, node):
-    nnorm = len(node.args[2])
-    s = _norm_input(ctx, node.args[1], nnorm)
+    bound = bind(node)
+    nnorm = len(bound.literal("normalized_shape"))
+    s = _norm_input(ctx, bound.node("input"), nnorm)
     inputs = {0: s, 1: s, 3: _stats(s, nnorm), 4: _stats(s, nnorm)}
-    inputs.update(_replicated_args(ctx, node, (5, 6)))
+    inputs.update(_replicated_args(ctx, node, ("weight", "bias")))
     outs = []
     for i, meta in enumerate(node.meta["tensor"]):
         if meta is None:
@@ -91,21 +102,24 @@ def native_layer_norm_backward(ctx, node):
 
 @rule(portable_ops.layer_norm.default)
 def layer_norm(ctx, node):
-    s = _norm_input(ctx, node.args[0], len(node.args[1]))
-    return Decision({0: s, **_replicated_args(ctx, node, (2, 3))}, s)
+    bound = bind(node)
+    s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
+    return Decision({0: s, **_replicated_args(ctx, node, ("weight", "bias"))}, s)
 
 
 @rule(portable_ops.rms_norm.default)
 def rms_norm(ctx, node):
-    s = _norm_input(ctx, node.args[0], len(node.args[1]))
-    return Decision({0: s, **_replicated_args(ctx, node, (2,))}, s)
+    bound = bind(node)
+    s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
+    return Decision({0: s, **_replicated_args(ctx, node, ("weight",))}, s)
 
 
 @rule(portable_ops.rms_norm_backward.default)
 def rms_norm_backward(ctx, node):
-    s = _norm_input(ctx, node.args[1], len(node.args[2]))
-    w = node.args[3] if len(node.args) > 3 else None
-    inputs = {0: s, 1: s, **_replicated_args(ctx, node, (3,))}
+    bound = bind(node)
+    s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
+    w = bound.weight
+    inputs = {0: s, 1: s, **_replicated_args(ctx, node, ("weight",))}
     wmeta = node.meta["tensor"][1]
     dw = (
         _leading_partial(s, len(wmeta.shape))
@@ -139,24 +153,24 @@ def _mask_sharding(ctx, mask, s: Sharding, full: Sequence[int]) -> Sharding:
 
 @rule(portable_ops.attention.default)
 def attention(ctx, node):
-    q, k, v = node.args[:3]
+    bound = bind(node)
+    q, k = bound.node("q"), bound.node("k")
     s = _attention_sharding(ctx, q, k)
-    inputs = {0: s, 1: s, 2: s}
-    mask = node.args[3] if len(node.args) > 3 else node.kwargs.get("mask")
-    if isinstance(mask, torch.fx.Node):
-        key = 3 if len(node.args) > 3 else "mask"
+    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s}
+    mask, key = bound.mask, arg_key(node, "mask")
+    if isinstance(mask, torch.fx.Node) and key is not None:
         inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, s)
 
 
 @rule(portable_ops.attention_backward.default)
 def attention_backward(ctx, node):
-    grad, q, k, v = node.args[:4]
+    bound = bind(node)
+    q, k = bound.node("q"), bound.node("k")
     s = _attention_sharding(ctx, q, k)
-    inputs = {0: s, 1: s, 2: s, 3: s}
-    mask = node.args[4] if len(node.args) > 4 else node.kwargs.get("mask")
-    if isinstance(mask, torch.fx.Node):
-        key = 4 if len(node.args) > 4 else "mask"
+    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s, 3: s}
+    mask, key = bound.mask, arg_key(node, "mask")
+    if isinstance(mask, torch.fx.Node) and key is not None:
         inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, (s, s, s))
 
@@ -165,14 +179,17 @@ def attention_backward(ctx, node):
 def attention_backward_mask_grad(ctx, node):
     """As attention_backward; dmask is split like the mask, and a partial sum over the axes
     that split dims the mask broadcasts along (its gradient is summed over them)."""
-    grad, q, k, v = node.args[:4]
+    bound = bind(node)
+    q, k, mask = bound.node("q"), bound.node("k"), bound.node("mask")
     s = _attention_sharding(ctx, q, k)
-    key = 4 if len(node.args) > 4 else "mask"
-    mask = node.args[4] if key == 4 else node.kwargs["mask"]
     ms = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     partial = tuple(sorted((a, "sum") for a in set(s.axes()) - set(ms.axes())))
     dmask = Sharding(ms.dims, partial)
-    return Decision({0: s, 1: s, 2: s, 3: s, key: ms}, (s, s, s, dmask))
+    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s, 3: s}
+    key = arg_key(node, "mask")  # a required argument: always in the call
+    if key is not None:
+        inputs[key] = ms
+    return Decision(inputs, (s, s, s, dmask))
 
 
 @rule(aten.embedding.default)
@@ -180,7 +197,8 @@ def embedding(ctx, node):
     """A table split on the vocabulary over one axis is looked up on the shard (the walker's
     masked lookup: ids outside the shard give zeros, the result is a partial sum over the axis);
     otherwise the vocabulary dim is gathered first."""
-    weight, indices = node.args[:2]
+    bound = bind(node)
+    weight, indices = bound.node("weight"), bound.node("indices")
     ws = drop_partial(ctx.sh(weight))
     xs = drop_partial(ctx.sh(indices))
     used = set(xs.axes())
@@ -203,10 +221,11 @@ def embedding_dense_backward(ctx, node):
     or a sequence-parallel gradient), slicing the ids to match costs an all-reduce of the table
     gradient (2 x table per rank, ring) instead of an all-gather of the gradient (1 x grad):
     the cheaper one is taken."""
-    grad, indices = node.args[:2]
+    bound = bind(node)
+    grad, indices = bound.node("grad_output"), bound.node("indices")
     xs = drop_partial(ctx.sh(indices))
     gs = drop_partial(ctx.sh(grad))
-    table = int(node.args[2]) * ctx.shape(grad)[-1]
+    table = int(bound.literal("num_weights")) * ctx.shape(grad)[-1]
     grad_only = Sharding(gs.dims[:-1]) if 2 * table < ctx.numel(grad) else xs
     lead = merged_dims([xs, grad_only])
     used = {a for d in lead for a in d}
@@ -218,9 +237,9 @@ def embedding_dense_backward(ctx, node):
 @rule(aten.nll_loss_forward.default)
 def nll_loss_forward(ctx, node):
     """Only reduction=sum splits (the pass rewrites mean as sum / total_weight first)."""
-    x, target = node.args[:2]
-    reduction = node.args[3] if len(node.args) > 3 else 1
-    if reduction != 2 or (len(node.args) > 2 and isinstance(node.args[2], torch.fx.Node)):
+    bound = bind(node)
+    x = bound.node("self")
+    if bound.reduction != 2 or isinstance(bound.weight, torch.fx.Node):
         return replicate_all(ctx, node)
     xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
     ts = Sharding(xs.dims[:-1])
@@ -230,8 +249,9 @@ def nll_loss_forward(ctx, node):
 
 @rule(aten.nll_loss_backward.default)
 def nll_loss_backward(ctx, node):
-    grad, x, target, weight, reduction, ignore, total = node.args[:7]
-    if isinstance(weight, torch.fx.Node) or reduction == 0:
+    bound = bind(node)
+    grad, x, total = bound.node("grad_output"), bound.node("self"), bound.node("total_weight")
+    if isinstance(bound.weight, torch.fx.Node) or bound.reduction == 0:
         return replicate_all(ctx, node)
     xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
     inputs = {

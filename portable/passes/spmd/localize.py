@@ -35,7 +35,10 @@ import torch.fx
 
 from portable.errors import PlanError
 from portable.ir.sharding import Sharding
+from portable.opset.bind import bind
+from portable.opset.table import RESHAPE, ops_with
 
+from .rules.base import arg_key
 from .rules.layout import dim_groups
 from .rules.pointwise import ELEMENTWISE
 
@@ -103,6 +106,19 @@ def _local_sizes(red: Redistributor, value: torch.fx.Node, dims: Dims) -> list[i
     return list(Sharding(dims).local_shape(red.global_shape[value], red.mesh))
 
 
+def _call_with(value: torch.fx.Node, **changes: Any) -> tuple[list, dict]:
+    """`value`'s args and kwargs with the named arguments replaced where the call passes them
+    (by position or by keyword; an argument left to its default is passed by keyword)."""
+    args, kwargs = list(value.args), dict(value.kwargs)
+    for name, new in changes.items():
+        key = arg_key(value, name)
+        if isinstance(key, int):
+            args[key] = new
+        else:
+            kwargs[name] = new
+    return args, kwargs
+
+
 def _map_tensors(red, value, before, want_of: Callable[[torch.fx.Node], Any]):
     """value's args and kwargs with every tensor argument brought to `want_of(arg)`."""
 
@@ -120,8 +136,8 @@ def _map_tensors(red, value, before, want_of: Callable[[torch.fx.Node], Any]):
 
 
 def _creation(red, value, dims, before):
-    # full(size, fill), zeros(size), ones(size), empty(size): the size argument is the first
-    return [_local_sizes(red, value, dims), *value.args[1:]], dict(value.kwargs)
+    # full(size, fill), zeros(size), ones(size), empty(size)
+    return _call_with(value, size=_local_sizes(red, value, dims))
 
 
 def _elementwise(red, value, dims, before):
@@ -130,22 +146,24 @@ def _elementwise(red, value, dims, before):
 
 
 def _expand(red, value, dims, before):
-    x = value.args[0]
+    x = bind(value).node("self")
     arg = _split(red, x, _aligned(red, x, red.global_shape[value], dims), before)
-    return [arg, _local_sizes(red, value, dims), *value.args[2:]], dict(value.kwargs)
+    return _call_with(value, self=arg, size=_local_sizes(red, value, dims))
 
 
 def _unsqueeze(red, value, dims, before):
-    x, u = value.args[:2]
+    bound = bind(value)
+    x, u = bound.node("self"), bound.literal("dim")
     u = u + len(dims) if u < 0 else u
     if dims[u]:
         return None
-    return [_split(red, x, dims[:u] + dims[u + 1 :], before), *value.args[1:]], dict(value.kwargs)
+    return _call_with(value, self=_split(red, x, dims[:u] + dims[u + 1 :], before))
 
 
 def _view(red, value, dims, before):
     """A split output dim must lead its group of merged/split dims (layout.dim_groups)."""
-    x = value.args[0]
+    bound = bind(value)
+    x = bound.node("self")
     src, dst = red.global_shape[x], red.global_shape[value]
     groups = dim_groups(src, dst)
     if groups is None:
@@ -163,7 +181,8 @@ def _view(red, value, dims, before):
     if not _divides(red, arg_dims, src):
         return None
     arg = _split(red, x, arg_dims, before)
-    return [arg, _local_sizes(red, value, dims), *value.args[2:]], dict(value.kwargs)
+    sizes = "shape" if "shape" in bound else "size"  # reshape(x, shape); view(x, size)
+    return _call_with(value, **{"self": arg, sizes: _local_sizes(red, value, dims)})
 
 
 def _along(dim_arg: int, ndim: int) -> int:
@@ -171,26 +190,26 @@ def _along(dim_arg: int, ndim: int) -> int:
 
 
 def _slice(red, value, dims, before):
-    x = value.args[0]
-    dim = _along(value.args[1] if len(value.args) > 1 else 0, len(dims))
+    bound = bind(value)
+    dim = _along(bound.dim, len(dims))
     if dims[dim]:
         return None
-    return [_split(red, x, dims, before), *value.args[1:]], dict(value.kwargs)
+    return _call_with(value, self=_split(red, bound.node("self"), dims, before))
 
 
 def _cat(red, value, dims, before):
-    tensors = value.args[0]
-    dim = _along(value.args[1] if len(value.args) > 1 else 0, len(dims))
+    bound = bind(value)
+    dim = _along(bound.dim, len(dims))
     if dims[dim]:
         return None
-    parts = [_split(red, t, dims, before) for t in tensors]
-    return [parts, *value.args[1:]], dict(value.kwargs)
+    return _call_with(value, tensors=[_split(red, t, dims, before) for t in bound.tensors])
 
 
 def _index(red, value, dims, before):
     """x[i, j, ...] with leading index tensors (no `None` among them): the output's first dims
     are the indices' broadcast shape, the rest are x's dims after the indexed ones."""
-    x, indices = value.args[:2]
+    bound = bind(value)
+    x, indices = bound.node("self"), bound.indices
     if any(i is None for i in indices):
         return None
     nb = len(dims) - (len(red.global_shape[x]) - len(indices))
@@ -200,14 +219,14 @@ def _index(red, value, dims, before):
         return None
     arg = _split(red, x, x_dims, before)
     parts = [_split(red, i, _aligned(red, i, bshape, dims[:nb]), before) for i in indices]
-    return [arg, parts, *value.args[2:]], dict(value.kwargs)
+    return _call_with(value, self=arg, indices=parts)
 
 
 def _embedding(red, value, dims, before):
-    weight, ids = value.args[:2]
+    ids = bind(value).node("indices")
     if dims[-1] != red.sharding[value].dims[-1]:
         return None
-    return [weight, _split(red, ids, dims[:-1], before), *value.args[2:]], dict(value.kwargs)
+    return _call_with(value, indices=_split(red, ids, dims[:-1], before))
 
 
 _CREATION = (aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format)
@@ -217,9 +236,7 @@ _HANDLERS: dict[Any, Handler] = {
     **dict.fromkeys((*ELEMENTWISE, *_LIKE), _elementwise),
     aten.expand.default: _expand,
     aten.unsqueeze.default: _unsqueeze,
-    aten.view.default: _view,
-    aten._unsafe_view.default: _view,
-    aten.reshape.default: _view,
+    **dict.fromkeys(ops_with(RESHAPE), _view),
     aten.slice.Tensor: _slice,
     aten.cat.default: _cat,
     aten.index.Tensor: _index,

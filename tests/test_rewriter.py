@@ -92,3 +92,11 @@ def test_apply_counts_matches_per_pattern_and_reaches_a_fixed_point():
     assert counts == {"neg": 1}  # dead n1 is left to dead-code removal
     mul = next(n for n in g.nodes if n.target is aten.mul.Tensor)
     assert mul.name == "mul" and mul.meta["tensor"] == TensorSpec((2, 3), torch.float32)
+
+
+def test_set_args_replaces_arguments_by_name_where_the_node_holds_them():
+    g, x = _graph()
+    w = g.placeholder("w")
+    mm = g.call_function(aten.addmm.default, (x, x, x), {"beta": 2})
+    Rewriter(g).set_args(mm, {"mat2": w, "alpha": 3, "beta": 1})
+    assert mm.args == (x, x, w) and mm.kwargs == {"beta": 1, "alpha": 3}

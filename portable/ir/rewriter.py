@@ -127,6 +127,19 @@ class Rewriter:
             node.meta["source"] = like.meta["source"]
         return node
 
+    def set_args(self, node: Node, values: dict[str, Any]) -> None:
+        """Replace `node`'s arguments by schema name (see `portable.opset.bind`), where the node
+        holds them: positional arguments stay positional, the others become keywords."""
+        positional = [a.name for a in node.target._schema.arguments if not a.kwarg_only]  # type: ignore[union-attr]
+        args, kwargs = list(node.args), dict(node.kwargs)
+        for name, value in values.items():
+            i = positional.index(name) if name in positional else len(args)
+            if i < len(args):
+                args[i] = value
+            else:
+                kwargs[name] = value
+        node.args, node.kwargs = tuple(args), kwargs
+
     # ---- replacing and erasing ---------------------------------------------------------------
 
     def replace(self, node: Node, value: Node) -> None:

@@ -21,6 +21,7 @@ import torch
 import torch.fx
 
 from portable.ir.signature import TensorSpec
+from portable.opset import bind
 from portable.opset.table import PERMUTE, RESHAPE, UNIT_DIM, ops_with
 
 __all__ = ["COLLECTIVES", "WAIT", "estimate_exposed", "flops", "nbytes", "wire_bytes"]
@@ -52,8 +53,8 @@ def estimate_exposed(
             start = max(t, link_free)
             link_free = done[n] = start + cost
             comm += cost
-        elif n.target is WAIT and n.args[0] in done:
-            end = done[n.args[0]]
+        elif n.target is WAIT and bind(n).x in done:
+            end = done[bind(n).x]
             if end > t:
                 exposed += end - t
                 t = end
@@ -74,7 +75,20 @@ _FREE = ops_with(RESHAPE, PERMUTE, UNIT_DIM) | {
     aten.split_with_sizes.default,
     operator.getitem,
 }
-_MATMULS = {aten.mm.default: 0, aten.bmm.default: 0, aten.addmm.default: 1, aten.baddbmm.default: 1}
+# the operand whose last dim is the contraction, per matrix product
+_MATMULS = {
+    aten.mm.default: "self",
+    aten.bmm.default: "self",
+    aten.addmm.default: "mat1",
+    aten.baddbmm.default: "batch1",
+}
+# (the operand counted, the one whose dim -2 is the other length): 4*|q|*Lk for the forward;
+# the backward is estimated as 4*|grad|*Lq
+_ATTENTION = {
+    torch.ops.portable.attention.default: ("q", "k"),
+    torch.ops.portable.attention_backward.default: ("grad", "q"),
+    torch.ops.portable.attention_backward.mask_grad: ("grad", "q"),
+}
 
 
 def flops(node: torch.fx.Node) -> int:
@@ -84,11 +98,11 @@ def flops(node: torch.fx.Node) -> int:
         return 0
     out = numel(node.meta.get("tensor"))
     if node.target in _MATMULS:
-        a = node.args[_MATMULS[node.target]]
+        a = bind(node)[_MATMULS[node.target]]
         k = a.meta["tensor"].shape[-1] if isinstance(a, torch.fx.Node) else 1
         return 2 * out * int(k)
-    if "attention" in str(node.target) and len(node.args) > 1:
-        q, k = node.args[0], node.args[1]
+    if node.target in _ATTENTION:
+        q, k = (bind(node)[name] for name in _ATTENTION[node.target])
         if isinstance(q, torch.fx.Node) and isinstance(k, torch.fx.Node):
             return 4 * numel(q.meta.get("tensor")) * int(k.meta["tensor"].shape[-2])
     return out
@@ -96,15 +110,15 @@ def flops(node: torch.fx.Node) -> int:
 
 def wire_bytes(node: torch.fx.Node) -> float:
     """Bytes one rank moves in a ring implementation of `node` (module doc)."""
-    group = int(node.args[-1])
+    group = int(bind(node).group_size)
     if group <= 1:
         return 0.0
     frac = (group - 1) / group
     if node.target is ALL_REDUCE:
-        return 2 * frac * nbytes(node.args[0])
+        return 2 * frac * nbytes(bind(node).x)
     if node.target is ALL_GATHER:
         return frac * nbytes(node)
-    return frac * nbytes(node.args[0])
+    return frac * nbytes(bind(node).x)
 
 
 def numel(spec: Any) -> int:

@@ -56,10 +56,10 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch._subclasses.fake_tensor import FakeTensorMode
 
 from portable.errors import PassError
 from portable.ir.program import Program
+from portable.ir.rewriter import Rewriter
 from portable.ir.signature import InputKind, TensorSpec
 from portable.ir.source import SourceLoc
 from portable.ir.spmd import Collective
@@ -519,23 +519,9 @@ def _movedim_first(g: torch.fx.Graph, x: torch.fx.Node, dim: int, src) -> torch.
 
 
 def _new(g: torch.fx.Graph, target, args: tuple, src, kwargs=None) -> torch.fx.Node:
-    """A call node with meta["tensor"] / meta["val"] from the fake kernel, and `src`."""
-    kwargs = kwargs or {}
-    node = g.call_function(target, args, kwargs)
-    mode = FakeTensorMode()
-
-    def fake(a):
-        spec = a.meta["tensor"]
-        with mode:
-            return torch.empty(tuple(int(s) for s in spec.shape), dtype=spec.dtype)
-
-    fargs = torch.fx.node.map_arg(args, fake)
-    with mode:
-        val = target(*fargs, **kwargs)
-    node.meta["val"] = val
-    node.meta["tensor"] = TensorSpec.of(val)
-    node.meta["source"] = src
-    return node
+    """A call node with meta["tensor"] / meta["val"] from the fake kernel on its inputs'
+    per-rank specs, and `src` (torch.fx's default node names)."""
+    return Rewriter(g).call(target, args, kwargs, source=src, fake="specs", name=None)
 
 
 def _count_moved(old: list, new: list, movable: set) -> int:

@@ -38,6 +38,7 @@ from torch.fx import Node
 from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, OutputKind
 from portable.ir.source import source_of
+from portable.opset import bind
 from portable.opset.table import CAST, IDENTITY, PERMUTE, RESHAPE, ops_with
 
 __all__ = [
@@ -71,15 +72,18 @@ class Gemm:
     labels: tuple[str, str]
 
     @property
-    def operand_indices(self) -> tuple[int, int]:
-        """Positions of (lhs, rhs) in `node.args` (addmm's first argument is the bias)."""
+    def operand_names(self) -> tuple[str, str]:
+        """The schema names of (lhs, rhs) (addmm's `self` is the bias)."""
         return gemm_operands(self.node)
+
+    def operand(self, side: int) -> Node:
+        """The lhs (`side` 0) or rhs (1) operand node."""
+        return bind(self.node).node(self.operand_names[side])
 
     @property
     def contraction_size(self) -> int | str:
         """The length of the contraction dim (lhs dim 1), a symbol name if dynamic."""
-        lhs = typing.cast(Node, self.node.args[self.operand_indices[0]])
-        return lhs.meta["tensor"].shape[1]
+        return self.operand(0).meta["tensor"].shape[1]
 
 
 @dataclasses.dataclass
@@ -113,8 +117,9 @@ class LinearGemms:
     last: list[Layer] = dataclasses.field(default_factory=list)
 
 
-def gemm_operands(node: Node) -> tuple[int, int]:
-    return (1, 2) if node.target is aten.addmm.default else (0, 1)
+def gemm_operands(node: Node) -> tuple[str, str]:
+    """The schema names of an mm/addmm's (lhs, rhs) operands."""
+    return ("mat1", "mat2") if node.target is aten.addmm.default else ("self", "mat2")
 
 
 def find_linear_gemms(program: Program) -> LinearGemms:
@@ -141,7 +146,7 @@ def find_linear_gemms(program: Program) -> LinearGemms:
             module = f"{module}[{name}]"
             layer = layers.setdefault(module, Layer(module, w, name))
         layer.gemms.append(Gemm(node, "forward", _labels(index, "w", "x")))
-        layer.x_roots.add(_root(node.args[gemm_operands(node)[1 - index]]))
+        layer.x_roots.add(_root(bind(node)[gemm_operands(node)[1 - index]]))
     ordered = list(layers.values())
     unmatched = _assign_backward(backward, ordered, params)
     position = {n: i for i, n in enumerate(program.graph.nodes)}
@@ -201,7 +206,7 @@ def _assign_backward(backward: list[Node], layers: list[Layer], params: set[Node
             rest.append(node)
             continue
         layer.gemms.append(Gemm(node, "input_grad", _labels(index, "w", "dy")))
-        layer.dy_roots.add(_root(node.args[gemm_operands(node)[1 - index]]))
+        layer.dy_roots.add(_root(bind(node)[gemm_operands(node)[1 - index]]))
     unmatched = []
     for node in rest:
         match = _weight_grad(node, layers)
@@ -215,8 +220,8 @@ def _assign_backward(backward: list[Node], layers: list[Layer], params: set[Node
 
 def _weight_grad(node: Node, layers: list[Layer]) -> tuple[Layer, tuple[str, str]] | None:
     """The layer whose dW = dY^T X (or dW^T = X^T dY) `node` computes, with the operand labels."""
-    i, j = gemm_operands(node)
-    roots = (_root(node.args[i]), _root(node.args[j]))
+    lhs, rhs = gemm_operands(node)
+    roots = (_root(bind(node)[lhs]), _root(bind(node)[rhs]))
     shape = tuple(node.meta["tensor"].shape)
     full, partial = [], []
     for layer in layers:
@@ -291,15 +296,15 @@ def _ancestors(start: Iterable[Node]) -> set[Node]:
 def _root(value: Any) -> Node:
     """The node whose data `value` (a node) is, looking through views, transposes and copies."""
     while value.op == "call_function" and value.target in _SAME_DATA:
-        value = value.args[0]
+        value = bind(value).self  # every op in _SAME_DATA transforms its `self`
     return typing.cast(Node, value)
 
 
 def _weight_operand(node: Node, params: set[Node]) -> tuple[int, Node] | None:
     """(0 for lhs / 1 for rhs, the parameter) when exactly one operand is a 2-D parameter."""
     found = []
-    for k, index in enumerate(gemm_operands(node)):
-        root = _root(node.args[index])
+    for k, name in enumerate(gemm_operands(node)):
+        root = _root(bind(node)[name])
         if root in params and len(root.meta["tensor"].shape) == 2:
             found.append((k, root))
     return found[0] if len(found) == 1 else None

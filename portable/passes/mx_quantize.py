@@ -202,14 +202,14 @@ class MXQuantize(Pass):
 
     def _rewrite(self, graph: torch.fx.Graph, node: Node, gemm: Gemm) -> list[dict[str, Any]]:
         # mm(a, b) -> mm(dq(q(a, 1)), dq(q(b, 0)))  (operands t(u) quantize u, see the module doc)
-        args = list(node.args)
+        operands: dict[str, Node] = {}
         records = []
-        for side, (index, label) in enumerate(zip(gemm.operand_indices, gemm.labels, strict=True)):
+        for side, (name, label) in enumerate(zip(gemm.operand_names, gemm.labels, strict=True)):
             contraction = 1 - side  # lhs [M', C] along dim 1, rhs [C, N'] along dim 0
-            source, swapped = _through_transposes(typing.cast(Node, args[index]))
+            source, swapped = _through_transposes(bind(node).node(name))  # `node`: in the copy
             axis = 1 - contraction if swapped else contraction
             q, dq = self._qdq(graph, source, axis, node)
-            args[index] = _transpose(graph, dq, node) if swapped else dq
+            operands[name] = _transpose(graph, dq, node) if swapped else dq
             records.append(
                 {
                     "gemm": gemm.role,
@@ -223,9 +223,10 @@ class MXQuantize(Pass):
                     "dequantize": dq.name,
                 }
             )
-        old, node.args = node.args, tuple(args)
+        r, old = Rewriter(graph), node.args
+        r.set_args(node, operands)
         for value in old:
-            Rewriter(graph).erase_dead(value)
+            r.erase_dead(value)
         return records
 
     def _qdq(self, graph: torch.fx.Graph, x: Node, axis: int, gemm: Node) -> tuple[Node, Node]:
@@ -263,9 +264,7 @@ def _plan(layer: Layer, notes: list[str]) -> list[Gemm]:
     ok = []
     for gemm in layer.gemms:
         size = gemm.contraction_size
-        dtypes = {
-            typing.cast(Node, gemm.node.args[i]).meta["tensor"].dtype for i in gemm.operand_indices
-        }
+        dtypes = {gemm.operand(side).meta["tensor"].dtype for side in (0, 1)}
         dim = CONTRACTION[gemm.role]
         if not isinstance(size, int) or size % BLOCK_SIZE:
             why = f"contraction dim {dim}={size} is not a multiple of {BLOCK_SIZE}"

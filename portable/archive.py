@@ -36,17 +36,16 @@ import torch
 
 from . import atomic_dir
 from .errors import ArchiveError
-from .ir.grammar import bad_text
-from .ir.program import Persistence, Program, register_persistence
-from .ir.serialize import (
+from .ir.content_hash import (
     HASH_VERSION,
     doc_hash,
     doc_structure_bytes,
-    program_from_json,
     program_hash,
-    program_to_json,
     structure_bytes,
 )
+from .ir.grammar import bad_text
+from .ir.program import Persistence, Program, register_persistence
+from .ir.serialize import program_from_json, program_to_json
 from .limits import current
 from .opset import OPSET_VERSION
 from .safe_json import parse_json

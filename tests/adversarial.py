@@ -26,8 +26,8 @@ import torch.nn.functional as F
 from torch.export import Dim
 
 import portable
+from portable.ir.content_hash import doc_hash
 from portable.ir.plan import ShardingRule
-from portable.ir.serialize import doc_hash
 
 Json = Any
 Path_ = tuple[Any, ...]  # a position in the JSON document: keys and list indices

@@ -20,10 +20,10 @@ import torch.nn.functional as F
 import portable
 from portable import ArchiveError
 from portable.archive import FORMAT_VERSION
+from portable.ir.content_hash import doc_hash
 from portable.ir.plan import ShardingRule
 from portable.ir.serialize import (
     decode_value,
-    doc_hash,
     encode_value,
     program_from_json,
     program_to_json,

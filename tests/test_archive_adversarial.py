@@ -21,9 +21,9 @@ import torch
 import portable
 from portable import ArchiveError, PlanError, ResourceLimitError, VerifyError
 from portable.cli.app import main
+from portable.ir.content_hash import doc_hash
 from portable.ir.plan import ShardingRule
 from portable.ir.safe_regex import compile_pattern
-from portable.ir.serialize import doc_hash
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 import adversarial  # noqa: E402

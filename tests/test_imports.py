@@ -9,7 +9,8 @@ do). `from portable.pkg import name` is an edge to `portable.pkg.name` when that
 - No import cycles: every strongly connected component is one module, except the reviewed
   ALLOWED_CYCLES, which may only shrink.
 - The IR core does not depend on persistence: `portable.ir.program` imports nothing from
-  `portable.archive` or `portable.ir.serialize` (they plug in through `register_persistence`).
+  `portable.archive`, `portable.ir.serialize` or `portable.ir.content_hash` (they plug in
+  through `register_persistence`).
 - Function-level imports of portable modules stay within FUNCTION_IMPORT_BUDGET, so imports
   that only dodge a cycle cannot grow back.
 """
@@ -55,7 +56,7 @@ FUNCTION_IMPORT_BUDGET = 74
 
 # The IR core and what it must not import (persistence plugs into it).
 IR_PROGRAM = "portable.ir.program"
-PERSISTENCE = ("portable.archive", "portable.ir.serialize")
+PERSISTENCE = ("portable.archive", "portable.ir.serialize", "portable.ir.content_hash")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -203,8 +204,8 @@ def test_the_ir_program_does_not_import_persistence():
 
 def test_persistence_is_registered_by_importing_portable(tmp_path):
     from portable.archive import save
+    from portable.ir.content_hash import program_hash
     from portable.ir.program import _registered
-    from portable.ir.serialize import program_hash
 
     hook = _registered()
     assert hook.save is save and hook.content_hash is program_hash

@@ -69,7 +69,7 @@ class Program:
     @property
     def content_hash(self) -> str:
         """sha256 over the canonical graph, signature, plan and weight bytes (computed by the
-        registered `Persistence`: `portable.ir.serialize.program_hash`)."""
+        registered `Persistence`: `portable.ir.content_hash.program_hash`)."""
         return _registered().content_hash(self)
 
     def identity(self) -> dict[str, str]:

@@ -1,5 +1,5 @@
-"""Programs as JSON, and the content hash. The archive (`portable.archive`) stores this JSON next
-to a safetensors weights file; docs/archive-format.md is the schema.
+"""Programs as JSON. The archive (`portable.archive`) stores this JSON next to a safetensors
+weights file; docs/archive-format.md is the schema; `content_hash.py` hashes it.
 
 Contracts:
 - `program_from_json(program_to_json(p), p.weights)` rebuilds `p` exactly: node names, order,
@@ -7,14 +7,10 @@ Contracts:
   Other node meta (torch.export's `val`, `stack_trace`, ...) is not stored.
 - Decoding never executes code from the document: ops resolve through the opset table, dtypes and
   layouts through fixed tables, node names must be plain identifiers.
-- `program_hash` covers the kind, opset version, signature, plan, graph (without source
-  locations, which are debug info) and every weight (key, dtype, shape, bytes); not metadata.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import math
 import operator
 import re
@@ -36,13 +32,10 @@ from .symbolic import SizeExprError, parse_size
 
 __all__ = [
     "decode_value",
-    "doc_hash",
-    "doc_structure_bytes",
     "encode_value",
+    "malformed",
     "program_from_json",
-    "program_hash",
     "program_to_json",
-    "structure_bytes",
 ]
 
 Json = Any
@@ -64,7 +57,7 @@ _DEVICES = frozenset({"cpu", "meta"})
 _MAX_DIM = 1 << 62  # a tensor dim or element count beyond this is not a real tensor
 
 
-def _malformed(what: str) -> ArchiveError:
+def malformed(what: str) -> ArchiveError:
     return ArchiveError(
         f"program.json is malformed: {what}",
         fix="the archive was edited or written by a broken tool; re-save it from the original program",
@@ -120,9 +113,9 @@ def decode_value(data: Json, nodes: Mapping[str, torch.fx.Node] | None = None) -
     if isinstance(data, list):
         return [decode_value(v, nodes) for v in data]
     if isinstance(data, float):
-        raise _malformed(f'untagged float {data!r} (floats are written as {{"float": x}})')
+        raise malformed(f'untagged float {data!r} (floats are written as {{"float": x}})')
     if not isinstance(data, dict):
-        raise _malformed(f"unexpected value {data!r}")
+        raise malformed(f"unexpected value {data!r}")
     if len(data) == 1 and next(iter(data)) in _TAGS:
         tag, value = next(iter(data.items()))
         return _decode_tagged(tag, value, nodes)
@@ -132,27 +125,27 @@ def decode_value(data: Json, nodes: Mapping[str, torch.fx.Node] | None = None) -
 def _decode_tagged(tag: str, value: Json, nodes: Mapping[str, torch.fx.Node] | None) -> Any:
     if tag == "node":
         if nodes is None or not isinstance(value, str) or value not in nodes:
-            raise _malformed(f"reference to node {value!r}, which is not defined before its use")
+            raise malformed(f"reference to node {value!r}, which is not defined before its use")
         return nodes[value]
     if tag == "float":
         if isinstance(value, str) and value in _NONFINITE:
             return _NONFINITE[value]
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return float(value)
-        raise _malformed(f"bad float {value!r}")
+        raise malformed(f"bad float {value!r}")
     if tag == "tuple":
         if not isinstance(value, list):
-            raise _malformed(f"bad tuple {value!r}")
+            raise malformed(f"bad tuple {value!r}")
         return tuple(decode_value(v, nodes) for v in value)
     if tag == "dict":
         if not isinstance(value, dict):
-            raise _malformed(f"bad dict {value!r}")
+            raise malformed(f"bad dict {value!r}")
         return {k: decode_value(v, nodes) for k, v in value.items()}
     if tag == "device":
         # programs are device-neutral (captured on cpu, or shapes only on meta); backends place
         # them, so a device in an archive is one of these
         if not isinstance(value, str) or value not in _DEVICES:
-            raise _malformed(f"device {_short(value)} (programs hold only {sorted(_DEVICES)})")
+            raise malformed(f"device {_short(value)} (programs hold only {sorted(_DEVICES)})")
         return torch.device(value)
     tables: dict[str, dict[str, Any]] = {
         "dtype": _DTYPES,
@@ -161,7 +154,7 @@ def _decode_tagged(tag: str, value: Json, nodes: Mapping[str, torch.fx.Node] | N
     }
     table = tables[tag]
     if not isinstance(value, str) or value not in table:
-        raise _malformed(f"unknown {tag} {value!r}")
+        raise malformed(f"unknown {tag} {value!r}")
     return table[value]
 
 
@@ -195,15 +188,15 @@ def _decode_spec(data: Json) -> TensorSpec:
         "target",
         "aliases",
     }:
-        raise _malformed(f"bad tensor spec {data!r}")
+        raise malformed(f"bad tensor spec {data!r}")
     dtype, shape = data.get("dtype"), data.get("shape")
     if not isinstance(dtype, str) or dtype not in _DTYPES or not isinstance(shape, list):
-        raise _malformed(f"bad tensor spec {_short(data)}")
+        raise malformed(f"bad tensor spec {_short(data)}")
     for d in shape:
         _check_dim(d, shape)
     static = [d for d in shape if isinstance(d, int)]
     if math.prod(static) > _MAX_DIM:
-        raise _malformed(f"shape {_short(shape)} has more than 2**62 elements")
+        raise malformed(f"shape {_short(shape)} has more than 2**62 elements")
     return TensorSpec(tuple(shape), _DTYPES[dtype])
 
 
@@ -211,14 +204,14 @@ def _check_dim(dim: Json, shape: Json) -> None:
     """A dim is an int in [0, 2**62] or a size expression over declared symbols."""
     if isinstance(dim, int) and not isinstance(dim, bool):
         if not 0 <= dim <= _MAX_DIM:
-            raise _malformed(f"shape {_short(shape)} has dim {dim} outside [0, 2**62]")
+            raise malformed(f"shape {_short(shape)} has dim {dim} outside [0, 2**62]")
         return
     try:
         expr = parse_size(dim)
     except SizeExprError as exc:
-        raise _malformed(f"shape {_short(shape)} has a bad dim {_short(dim)}: {exc}") from None
+        raise malformed(f"shape {_short(shape)} has a bad dim {_short(dim)}: {exc}") from None
     if not expr.free_symbols:  # a constant written as text would escape every size check
-        raise _malformed(f"shape {_short(shape)} writes the constant dim {dim!r} as text")
+        raise malformed(f"shape {_short(shape)} writes the constant dim {dim!r} as text")
 
 
 def _short(value: Json, limit: int = 120) -> str:
@@ -243,13 +236,13 @@ def _decode_source(data: Json) -> SourceLoc | None:
     if data is None:
         return None
     if not isinstance(data, dict) or set(data) - {*_SOURCE_TEXT, "line"}:
-        raise _malformed(f"bad source location {_short(data)}")
+        raise malformed(f"bad source location {_short(data)}")
     for key in _SOURCE_TEXT:
         if key in data and (why := bad_text(data[key])) is not None:
-            raise _malformed(f"source location {key} {why}")
+            raise malformed(f"source location {key} {why}")
     line = data.get("line")
     if line is not None and (not isinstance(line, int) or isinstance(line, bool) or line < 0):
-        raise _malformed(f"bad source line {_short(line)}")
+        raise malformed(f"bad source line {_short(line)}")
     return SourceLoc(**data)
 
 
@@ -286,7 +279,7 @@ def _encode_node(node: torch.fx.Node) -> dict[str, Json]:
 
 def _target(op: Json) -> tuple[str, Any]:
     if not isinstance(op, str):
-        raise _malformed(f"bad op {_short(op)}")
+        raise malformed(f"bad op {_short(op)}")
     if op in ("placeholder", "output"):
         return op, None
     if op == "getitem":
@@ -311,21 +304,21 @@ def _decode_graph(nodes: Json) -> torch.fx.GraphModule:
     generates, and every kwargs key a keyword argument, so both are checked against their
     grammars (portable.ir.grammar) and the op's schema before anything is built."""
     if not isinstance(nodes, list) or not nodes:
-        raise _malformed("graph is not a non-empty list of nodes")
+        raise malformed("graph is not a non-empty list of nodes")
     graph = torch.fx.Graph()
     env: dict[str, torch.fx.Node] = {}
     for data in nodes:
         if not isinstance(data, dict) or set(data) - _NODE_FIELDS or "name" not in data:
-            raise _malformed(f"bad node {_short(data)}")
+            raise malformed(f"bad node {_short(data)}")
         name = data["name"]
         if (why := bad_identifier(name)) is not None:
-            raise _malformed(f"node name {_short(name)} {why}")
+            raise malformed(f"node name {_short(name)} {why}")
         if name in env:
-            raise _malformed(f"node name {name!r} is used twice")
+            raise malformed(f"node name {name!r} is used twice")
         kind, target = _target(data.get("op"))
         args, kwargs = data.get("args", []), data.get("kwargs", {})
         if not isinstance(args, list) or not isinstance(kwargs, dict):
-            raise _malformed(f"node {name} has bad args or kwargs")
+            raise malformed(f"node {name} has bad args or kwargs")
         args = tuple(decode_value(a, env) for a in args)
         kwargs = {k: decode_value(v, env) for k, v in kwargs.items()}
         _check_call(name, data["op"], args, kwargs)
@@ -340,7 +333,7 @@ def _decode_graph(nodes: Json) -> torch.fx.GraphModule:
             # fx renames a placeholder that shadows a builtin (`input`), as torch.export names
             # them; any other renaming means the name collides with one fx needs
             if kind != "placeholder" or name not in BUILTIN_NAMES:
-                raise _malformed(f"node name {name!r} collides with a name the graph needs")
+                raise malformed(f"node name {name!r} collides with a name the graph needs")
             _force_name(graph, node, name)
         if "tensor" in data:
             node.meta["tensor"] = _decode_tensor(data["tensor"])
@@ -348,7 +341,7 @@ def _decode_graph(nodes: Json) -> torch.fx.GraphModule:
             node.meta["source"] = _decode_source(data["source"])
         env[name] = node
     if nodes[-1].get("op") != "output" or sum(n.op == "output" for n in graph.nodes) != 1:
-        raise _malformed("the graph must end with its one output node")
+        raise malformed("the graph must end with its one output node")
     return torch.fx.GraphModule(torch.nn.Module(), graph)
 
 
@@ -357,25 +350,25 @@ def _check_call(name: str, op: str, args: tuple, kwargs: dict[str, Any]) -> None
     values, getitem (node, int), an opset op its schema (kwargs keys are argument names)."""
     if op == "placeholder":
         if args or kwargs:
-            raise _malformed(f"placeholder {name} has arguments")
+            raise malformed(f"placeholder {name} has arguments")
         return
     if op == "output":
         if kwargs or len(args) != 1 or not isinstance(args[0], (tuple, list)):
-            raise _malformed(f"output node {name} must have one tuple of results")
+            raise malformed(f"output node {name} must have one tuple of results")
         if not all(isinstance(a, torch.fx.Node) for a in args[0]):
-            raise _malformed(f"output node {name} returns something other than graph values")
+            raise malformed(f"output node {name} returns something other than graph values")
         return
     if op == "getitem":
         if kwargs or len(args) != 2 or not isinstance(args[0], torch.fx.Node):
-            raise _malformed(f"getitem {name} must take (node, index)")
+            raise malformed(f"getitem {name} must take (node, index)")
         if not isinstance(args[1], int) or isinstance(args[1], bool):
-            raise _malformed(f"getitem {name} has index {_short(args[1])}, not an int")
+            raise malformed(f"getitem {name} has index {_short(args[1])}, not an int")
         return
     why = opset_table()[op].bad_call(len(args), kwargs)
     if why is not None:
-        raise _malformed(f"node {name} ({op}) {why}")
+        raise malformed(f"node {name} ({op}) {why}")
     if kwargs.get("pin_memory") not in (None, False):
-        raise _malformed(f"node {name} ({op}) asks for pinned memory, which programs never hold")
+        raise malformed(f"node {name} ({op}) asks for pinned memory, which programs never hold")
 
 
 def _force_name(graph: torch.fx.Graph, node: torch.fx.Node, name: str) -> None:
@@ -409,7 +402,7 @@ def program_from_json(doc: Json, weights: dict[str, torch.Tensor]) -> Program:
 
     Raises ArchiveError on unknown ops or malformed documents; does not check hashes or verify."""
     if not isinstance(doc, dict):
-        raise _malformed("the program is not a JSON object")
+        raise malformed("the program is not a JSON object")
     try:
         kind = ProgramKind(doc["kind"])
         signature = _decode_signature(doc["signature"])
@@ -418,9 +411,9 @@ def program_from_json(doc: Json, weights: dict[str, torch.Tensor]) -> Program:
     except PortableError as exc:
         if isinstance(exc, ArchiveError):
             raise
-        raise _malformed(exc.what) from exc
+        raise malformed(exc.what) from exc
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _malformed(f"{type(exc).__name__}: {exc}") from exc
+        raise malformed(f"{type(exc).__name__}: {exc}") from exc
     _check_metadata(metadata)
     spmd = _decode_spmd(metadata)
     gm = _decode_graph(doc.get("graph"))
@@ -456,7 +449,7 @@ def _decode_spmd(metadata: dict[str, Json]) -> SpmdLayout | None:
     try:
         return SpmdLayout.from_json(metadata.pop("spmd"))
     except PortableError as exc:
-        raise _malformed(f"metadata.spmd: {exc.what}") from exc
+        raise malformed(f"metadata.spmd: {exc.what}") from exc
 
 
 _INPUT_FIELDS = frozenset({"name", "kind", "target", "shape", "dtype"})
@@ -467,52 +460,52 @@ def _decode_signature(data: Json) -> Signature:
     """The signature, with input names held to the identifier grammar (they are placeholders)
     and every other string to the text grammar."""
     if not isinstance(data, dict) or set(data) != {"inputs", "outputs"}:
-        raise _malformed("signature is not {inputs, outputs}")
+        raise malformed("signature is not {inputs, outputs}")
     inputs, outputs = data["inputs"], data["outputs"]
     if not isinstance(inputs, list) or not isinstance(outputs, list):
-        raise _malformed("signature inputs/outputs are not lists")
+        raise malformed("signature inputs/outputs are not lists")
     for spec in inputs:
         _check_io(spec, _INPUT_FIELDS, "input")
         if (why := bad_identifier(spec["name"])) is not None:
-            raise _malformed(f"signature input name {_short(spec['name'])} {why}")
+            raise malformed(f"signature input name {_short(spec['name'])} {why}")
     for spec in outputs:
         _check_io(spec, _OUTPUT_FIELDS, "output")
         if (why := bad_text(spec["name"], limit=1024)) is not None:
-            raise _malformed(f"signature output name {why}")
+            raise malformed(f"signature output name {why}")
         aliases = spec.get("aliases")
         if aliases is not None and (why := bad_identifier(aliases)) is not None:
-            raise _malformed(f"signature output {spec['name']} aliases a name that {why}")
+            raise malformed(f"signature output {spec['name']} aliases a name that {why}")
     try:
         return Signature.from_json(data)
     except ValueError as exc:  # an unknown input or output kind
-        raise _malformed(str(exc)) from exc
+        raise malformed(str(exc)) from exc
 
 
 def _check_io(spec: Json, fields: frozenset[str], what: str) -> None:
     if not isinstance(spec, dict) or not {"name", "kind", "shape", "dtype"} <= set(spec) <= fields:
-        raise _malformed(f"bad signature {what} {_short(spec)}")
+        raise malformed(f"bad signature {what} {_short(spec)}")
     _decode_spec({"shape": spec["shape"], "dtype": spec["dtype"]})
     target = spec.get("target")
     if target is not None and (why := bad_text(target, limit=1024)) is not None:
-        raise _malformed(f"signature {what} target {why}")
+        raise malformed(f"signature {what} target {why}")
     if not isinstance(spec["kind"], str):
-        raise _malformed(f"bad signature {what} kind {_short(spec['kind'])}")
+        raise malformed(f"bad signature {what} kind {_short(spec['kind'])}")
 
 
 def _check_metadata(metadata: Json) -> None:
     """The metadata keys portable reads to run a program hold values of their documented
     types (docs/archive-format.md, "metadata"); every key anywhere is printable text."""
     if not isinstance(metadata, dict):
-        raise _malformed("metadata is not an object")
+        raise malformed("metadata is not an object")
     _check_keys(metadata, "metadata")
     if "name" in metadata and (why := bad_program_name(metadata["name"])) is not None:
-        raise _malformed(f"metadata.name {why}")
+        raise malformed(f"metadata.name {why}")
     version = metadata.get("opset_version")
     if version is not None and not (isinstance(version, str) and _OPSET.fullmatch(version)):
-        raise _malformed(f"metadata.opset_version {_short(version)} is not MAJOR.MINOR")
+        raise malformed(f"metadata.opset_version {_short(version)} is not MAJOR.MINOR")
     tied = metadata.get("tied_weights", {})
     if not isinstance(tied, dict) or not all(isinstance(v, str) for v in tied.values()):
-        raise _malformed("metadata.tied_weights is not {name: name}")
+        raise malformed("metadata.tied_weights is not {name: name}")
     _check_symbolic_dims(metadata.get("symbolic_dims", {}))
 
 
@@ -526,112 +519,29 @@ def _check_keys(value: Json, where: str) -> None:
         if isinstance(item, dict):
             for key, child in item.items():
                 if (why := bad_text(key, limit=1024)) is not None:
-                    raise _malformed(f"a key of {path} {why}")
+                    raise malformed(f"a key of {path} {why}")
                 stack.append((child, f"{path}.{key}"))
         elif isinstance(item, (list, tuple)):
             stack.extend((child, path) for child in item)
         elif isinstance(item, str) and (why := bad_text(item, limit=1 << 20)) is not None:
-            raise _malformed(f"a string in {path} {why}")
+            raise malformed(f"a string in {path} {why}")
 
 
 def _check_symbolic_dims(dims: Json) -> None:
     """{symbol: {"min": int >= 0, "max": int >= min or None, "source": text}}."""
     if not isinstance(dims, dict):
-        raise _malformed("metadata.symbolic_dims is not an object")
+        raise malformed("metadata.symbolic_dims is not an object")
     for symbol, bounds in dims.items():
         if (why := bad_identifier(symbol)) is not None:
-            raise _malformed(f"symbolic dim {_short(symbol)} {why}")
+            raise malformed(f"symbolic dim {_short(symbol)} {why}")
         if not isinstance(bounds, dict) or set(bounds) - {"min", "max", "source"}:
-            raise _malformed(f"symbolic dim {symbol} has bad bounds {_short(bounds)}")
+            raise malformed(f"symbolic dim {symbol} has bad bounds {_short(bounds)}")
         low, high = bounds.get("min", 0), bounds.get("max")
         if not _is_size(low) or not (high is None or _is_size(high) and high >= low):
-            raise _malformed(f"symbolic dim {symbol} has bad range [{low}, {high}]")
+            raise malformed(f"symbolic dim {symbol} has bad range [{low}, {high}]")
         if (why := bad_text(bounds.get("source", ""))) is not None:
-            raise _malformed(f"symbolic dim {symbol} has a source that {why}")
+            raise malformed(f"symbolic dim {symbol} has a source that {why}")
 
 
 def _is_size(value: Json) -> bool:
     return isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= _MAX_DIM
-
-
-# --- hashing --------------------------------------------------------------------------------
-
-
-def _canonical(obj: Json) -> bytes:
-    return json.dumps(obj, sort_keys=True, separators=(",", ":"), allow_nan=False).encode()
-
-
-HASH_VERSION = 2  # the content-hash formula; format 1 archives were hashed by formula 1
-
-
-def _plan_canonical(plan: Plan, version: int) -> Json:
-    # Mesh axis order and spec order matter, so they are lists here, not (sorted) objects.
-    out: dict[str, Json] = {
-        "mesh": [[n, s] for n, s in plan.mesh.axes] if plan.mesh else None,
-        "specs": [[name, spec.to_json()] for name, spec in plan.specs],
-        "rules": [[r.pattern, r.spec.to_json()] for r in plan.rules],
-    }
-    if version >= 2:  # what spmd-partition reads besides the specs
-        out["batch_axes"] = list(plan.batch_axes)
-        out["fsdp_axis"] = plan.fsdp_axis
-        out["sequence_parallel"] = plan.sequence_parallel
-    return out
-
-
-def _structure_bytes(parts: dict[str, Json], plan: Plan, version: int) -> bytes:
-    """Canonical bytes of everything hashed besides the weights: formula 1 is kind, opset,
-    signature, plan specs and graph; formula 2 adds the whole plan and the metadata. Source
-    locations are never hashed (debug info, read by no runtime)."""
-    body = {
-        "kind": parts["kind"],
-        "opset_version": parts["opset_version"],
-        "signature": parts["signature"],
-        "plan": _plan_canonical(plan, version),
-        "graph": [{k: v for k, v in n.items() if k != "source"} for n in parts["graph"]],
-    }
-    if version >= 2:
-        body["metadata"] = parts["metadata"]
-    return _canonical(body)
-
-
-def _digest(structure: bytes, weights: Mapping[str, torch.Tensor]) -> str:
-    h = hashlib.sha256(structure)
-    for key in sorted(weights):
-        t = weights[key].detach().cpu().contiguous()
-        h.update(
-            b"\n" + _canonical([key, str(t.dtype).removeprefix("torch."), list(t.shape)]) + b"\n"
-        )
-        if t.numel():
-            h.update(t.reshape(-1).view(torch.uint8).numpy().data)
-    return h.hexdigest()
-
-
-def structure_bytes(program: Program) -> bytes:
-    """Canonical bytes of what the hash covers besides the weights (formula HASH_VERSION)."""
-    return _structure_bytes(program_to_json(program), program.plan, HASH_VERSION)
-
-
-def doc_structure_bytes(doc: Json, version: int = HASH_VERSION) -> bytes:
-    """`structure_bytes` computed from a JSON document, without building the graph."""
-    if not isinstance(doc, dict):
-        raise _malformed("the program is not a JSON object")
-    try:
-        plan = Plan.from_json(doc.get("plan"))
-        parts = {k: doc[k] for k in ("kind", "opset_version", "signature", "graph")}
-        parts["metadata"] = doc.get("metadata", {})
-        return _structure_bytes(parts, plan, version)
-    except PortableError as exc:
-        raise _malformed(exc.what) from exc
-    except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise _malformed(f"{type(exc).__name__}: {exc}") from exc
-
-
-def program_hash(program: Program) -> str:
-    """sha256 (hex) of the program's structure and weights; see the module docstring."""
-    return _digest(structure_bytes(program), program.weights)
-
-
-def doc_hash(doc: Json, weights: Mapping[str, torch.Tensor], version: int = HASH_VERSION) -> str:
-    """`program_hash` of the program `doc` describes, computed before rebuilding it, by hash
-    formula `version` (1 for format-1 archives)."""
-    return _digest(doc_structure_bytes(doc, version), weights)

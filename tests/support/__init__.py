@@ -1,5 +1,6 @@
 """What the tests share: the example models (`examples.py`), the FileCheck-style checker
-(`filecheck.py`) and golden-text comparison with its update mode (`golden.py`).
+(`filecheck.py`) and golden-text comparison with its update mode (`golden.py`); the mx-quantize tests' helpers are
+in `mx_pass.py` (imported as `tests.support.mx_pass`).
 
 Test modules import it as `tests.support` (pytest runs from the repository root)."""
 

@@ -233,7 +233,7 @@ def test_cuda_kernel_graph_trainable_mask_matches_cpu():
 
     program, batch = _bias_step()
     backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
-    exe = backend.executable(backend.compile(backend.lower(program, Target("cuda", "sm_90"))))
+    exe = backend.executable(backend.write(backend.lower(program, Target("cuda", "sm_90"))))
     cpu = portable.compile(program)
     for _ in range(2):
         torch.testing.assert_close(exe(*batch).loss, cpu(*batch).loss, **TOL)
@@ -372,7 +372,7 @@ def test_mha_training_step_on_the_cuda_kernel_graph():
     batch = (torch.randn(2, 5, 16), torch.randn(2, 5, 16))
     program = portable.capture(MHA(True), batch, loss_fn=_mse, optimizer=portable.optim.SGD(lr=LR))
     backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
-    exe = backend.executable(backend.compile(backend.lower(program, Target("cuda", "sm_90"))))
+    exe = backend.executable(backend.write(backend.lower(program, Target("cuda", "sm_90"))))
     torch.testing.assert_close(exe(*batch).loss, portable.compile(program)(*batch).loss, **TOL)
 
 

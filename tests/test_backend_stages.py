@@ -94,15 +94,13 @@ def test_a_backend_without_options_refuses_them():
         registry.get("cpu").parse_options("x=1")
 
 
-def test_write_is_the_old_compile_and_compile_without_a_toolchain_does_nothing(tmp_path):
+def test_write_writes_and_compile_without_a_toolchain_does_nothing(tmp_path):
     program = portable.capture(torch.nn.Linear(4, 2), (torch.randn(3, 4),))
     cpu = get_backend("cpu")
     lowered = cpu.lower(program, Target("cpu"))
     written = cpu.write(lowered, tmp_path)
     assert isinstance(written, Written) and written.files == [tmp_path / "graph.txt"]
     assert written.out_dir == tmp_path
-    old = cpu.compile(lowered, tmp_path)  # the name `write` had before the stages
-    assert isinstance(old, Written) and old.files == written.files
     from portable.backends import Toolchain
 
     report = cpu.compile(written, Toolchain("none", "0"))

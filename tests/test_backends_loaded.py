@@ -78,7 +78,7 @@ def _runs(backend: str, stem: str, kind: str) -> bool:
 
 def _results(impl, lowered, inputs) -> list[torch.Tensor]:
     """Outputs of one call, or a training step's loss and updated state (in key order)."""
-    exe = impl.executable(impl.compile(lowered))
+    exe = impl.executable(impl.write(lowered))
     out = exe(*inputs)
     if isinstance(out, portable.StepResult):
         return [out.loss, *(v for _, v in sorted(out.state.items()))]

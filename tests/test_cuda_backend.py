@@ -47,7 +47,7 @@ def _inputs(stem: str, kind: str):
 
 @pytest.fixture(scope="module")
 def written(tmp_path_factory):
-    """`written(stem, kind)` -> (Compiled, out_dir) for cuda:sm_90,sm_100, once per module."""
+    """`written(stem, kind)` -> (Written, out_dir) for cuda:sm_90,sm_100, once per module."""
     cache: dict[tuple, tuple] = {}
 
     def get(stem: str, kind: str):
@@ -267,7 +267,7 @@ def test_pt2_has_no_pickle_and_pickled_archives_are_refused(written, tmp_path):
 
 def _interpreted(program, arch="sm_90"):
     backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
-    return backend.executable(backend.compile(backend.lower(program, Target("cuda", arch))))
+    return backend.executable(backend.write(backend.lower(program, Target("cuda", arch))))
 
 
 @pytest.mark.parametrize("stem", ["mlp", "gpt", "llama"])
@@ -313,7 +313,7 @@ def test_executable_with_inductor_on_cpu():
     x = torch.randn(16, 64)
     program = portable.capture(_MXLinear("e4m3"), (x,))
     backend = CudaBackend(CudaOptions(device="cpu", torch_compile=True))
-    exe = backend.executable(backend.compile(backend.lower(program, Target("cuda", "sm_100"))))
+    exe = backend.executable(backend.write(backend.lower(program, Target("cuda", "sm_100"))))
     want = portable.compile(program, backend="cpu")(x)
     torch.testing.assert_close(exe(x), want, rtol=1e-6, atol=1e-6)
 
@@ -494,7 +494,7 @@ def test_a_program_with_a_dynamic_dim_exports_a_pt2_that_takes_other_sizes(tmp_p
     fixture = Path(__file__).parent / "fixtures" / "archive_v2" / "mlp.portable"
     program = portable.load(fixture)
     backend = CudaBackend(CudaOptions(device="cpu", torch_compile=False))
-    backend.compile(backend.lower(program, Target("cuda", "sm_90")), tmp_path / "cuda")
+    backend.write(backend.lower(program, Target("cuda", "sm_90")), tmp_path / "cuda")
     module = load_pt2(tmp_path / "cuda" / "program.pt2").module()
     cpu = portable.compile(program, backend="cpu")
     features = program.signature.user_inputs[0].spec.shape[1]

@@ -555,7 +555,7 @@ def neuron_table(tmp_path_factory):
     program, inputs = _neuron_program()
     lowered = lower(program)  # raises NeuronValidationError on any validator error
     out = tmp_path_factory.mktemp("neuron_mx")
-    NeuronBackend().compile(lowered, out)
+    NeuronBackend().write(lowered, out)
     return program, inputs, lowered, out
 
 

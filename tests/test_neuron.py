@@ -62,7 +62,7 @@ def _program(stem: str, kind: str):
 
 @pytest.fixture(scope="module")
 def lowered(tmp_path_factory):
-    """`lowered(stem, kind, variant="trn3")` -> (Compiled, out_dir), lowered once per module."""
+    """`lowered(stem, kind, variant="trn3")` -> (Written, out_dir), lowered once per module."""
     cache: dict[tuple, tuple] = {}
 
     def get(stem: str, kind: str, variant: str = "trn3"):
@@ -328,7 +328,7 @@ def test_stochastic_rounding_for_bf16_training():
 def test_options_reach_the_command(tmp_path):
     backend = NeuronBackend(NeuronOptions(model_type="generic", auto_cast="matmult", optlevel=2))
     lowered = backend.lower(_program("mlp", "training"), portable.backends.Target("neuron"))
-    backend.compile(lowered, tmp_path)
+    backend.write(lowered, tmp_path)
     (record,) = lowered.payload.programs
     argv = shlex.split((tmp_path / "programs" / record.key / "command.txt").read_text())
     assert {"--model-type=generic", "--auto-cast=matmult", "-O2"} <= set(argv)

@@ -18,8 +18,7 @@ it (`check_target`, and so `lower`) is refused with that message as a `BackendEr
 here once for every backend.
 
 Options are a frozen dataclass (`options_type`) parsed from the target string with the pass-option
-grammar (`cuda{aot=true}`, `neuron:trn3{fp64=error}`, see `options.py`). `compile(lowered,
-out_dir)`, the name `write` had before, still writes (for callers written before the stages).
+grammar (`cuda{aot=true}`, `neuron:trn3{fp64=error}`, see `options.py`).
 """
 
 from __future__ import annotations
@@ -29,7 +28,7 @@ import dataclasses
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol, overload
+from typing import Any, ClassVar, Protocol
 
 from portable.errors import BackendError, LoweringError, PortableError
 from portable.ir.program import Program, ProgramKind
@@ -42,7 +41,6 @@ __all__ = [
     "Capabilities",
     "CheckedProgram",
     "CompileReport",
-    "Compiled",
     "Finding",
     "Lowered",
     "Requirements",
@@ -154,9 +152,6 @@ class Written:
     files: list[Path] = dataclasses.field(default_factory=list)  # artifacts written
     payload: Any = None
     out_dir: Path | None = None
-
-
-Compiled = Written  # the name of `Written` before the stages had their own names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -310,25 +305,14 @@ class Backend(abc.ABC):
                 files.append(path)
         return Written(lowered, files, lowered.payload, out_dir)
 
-    @overload
-    def compile(self, subject: Lowered, out_dir: Path | None = None, /) -> Written: ...
-
-    @overload
     def compile(
-        self, subject: Written, toolchain: Toolchain | None = None, jobs: int | None = None, /
-    ) -> CompileReport: ...
-
-    def compile(
-        self, subject: Any, toolchain: Any = None, jobs: int | None = None, /, **old: Any
-    ) -> Any:
-        """Run the toolchain (`find_toolchain()`) on `written`, with at most `jobs` compilers at
-        once (None: the backend's default); paths in the records are relative to the folder
-        above the written one. Backends without a toolchain have nothing to compile (a report
-        without programs). Given a `Lowered` (the calls written before `write` had its name),
-        `compile(lowered, out_dir)` is `write(lowered, out_dir)`."""
-        if isinstance(subject, Lowered):
-            return self.write(subject, old.get("out_dir", toolchain))
-        return self.compile_written(subject, toolchain or self.find_toolchain(), jobs)
+        self, written: Written, toolchain: Toolchain | None = None, jobs: int | None = None
+    ) -> CompileReport:
+        """Run the toolchain (`find_toolchain()` unless given) on `written`, with at most `jobs`
+        compilers at once (None: the backend's default); paths in the records are relative to
+        the folder above the written one. Backends without a toolchain have nothing to compile
+        (a report without programs)."""
+        return self.compile_written(written, toolchain or self.find_toolchain(), jobs)
 
     def compile_written(
         self, written: Written, toolchain: Toolchain, jobs: int | None

@@ -15,7 +15,7 @@ from portable.opset.layouts import in_fake_layout
 from portable.runtime import Executable
 from portable.torch_compat import copy_graph_module
 
-from .base import Backend, Capabilities, Compiled, Lowered, Target
+from .base import Backend, Capabilities, Lowered, Target, Written
 
 
 class CpuBackend(Backend):
@@ -30,7 +30,7 @@ class CpuBackend(Backend):
         self.check_program(program, target)
         return Lowered(program, target, texts={"graph.txt": program.text()})
 
-    def executable(self, compiled: Compiled) -> Executable:
+    def executable(self, compiled: Written) -> Executable:
         program = compiled.lowered.program
         gm = copy_graph_module(program.graph_module)
         in_fake_layout(gm)  # results in the layouts the graph was traced with

@@ -25,7 +25,7 @@ from portable.runtime import Executable
 from portable.torch_compat import copy_graph_module
 
 from .. import get_backend, registry
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Lowered, Target, Written
 from .dispatch import planned_launches
 from .layout import write_layout
 from .lowering import export_graph, kernel_graph, mx_mode, retarget_devices
@@ -113,15 +113,15 @@ class CudaBackend(Backend):
         variant = ",".join(a.name for a in archs)
         return Lowered(program, Target(self.name, variant), texts=texts, payload=payload)
 
-    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         """With `out_dir`: kernels compiled for every arch, the `.pt2`, graphs and manifest (and
         with the `aot` option, the AOTInductor package: cuda's compile happens here)."""
         files: list[Path] = []
         if out_dir is not None:
             files = write_layout(Path(out_dir), lowered, self.options)
-        return Compiled(lowered, files, lowered.payload, out_dir)
+        return Written(lowered, files, lowered.payload, out_dir)
 
-    def executable(self, compiled: Compiled) -> Executable:
+    def executable(self, compiled: Written) -> Executable:
         ok, why = self.can_execute_here()
         if not ok:
             here = [

@@ -1,4 +1,4 @@
-"""What `compile(lowered, out_dir)` writes for the cuda backend, and its manifest.
+"""What `write(lowered, out_dir)` writes for the cuda backend, and its manifest.
 
 <out>/program.pt2              torch.export archive of the export graph (pt2.py); no pickle
 <out>/graph.py                 the export graph's code (arch-neutral)

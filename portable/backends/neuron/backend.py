@@ -29,12 +29,12 @@ from ..base import (
     Backend,
     Capabilities,
     CheckedProgram,
-    Compiled,
     CompileReport,
     CompilerMissingError,
     Lowered,
     Target,
     Toolchain,
+    Written,
 )
 from .findings import Finding, Severity, merge
 from .options import NeuronOptions
@@ -156,7 +156,7 @@ class NeuronBackend(Backend):
             collectives=tuple(collectives.emitted) if collectives is not None else (),
         )
 
-    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         """Write the artifacts under `out_dir` (compiled by `compile`, or scripts/compile.sh)."""
         from .layout import write_layout
         from .manifest import build_manifest
@@ -165,7 +165,7 @@ class NeuronBackend(Backend):
         if out_dir is not None:
             manifest = build_manifest(lowered.payload, lowered.program)
             files = write_layout(Path(out_dir), lowered.payload, manifest)
-        return Compiled(lowered, files, lowered.payload, out_dir)
+        return Written(lowered, files, lowered.payload, out_dir)
 
     def find_toolchain(self) -> Toolchain:
         """neuronx-cc on PATH (CompilerMissingError saying where to get it)."""
@@ -183,7 +183,7 @@ class NeuronBackend(Backend):
         return Toolchain(COMPILER, version)
 
     def compile_written(
-        self, written: Compiled, toolchain: Toolchain, jobs: int | None
+        self, written: Written, toolchain: Toolchain, jobs: int | None
     ) -> CompileReport:
         """neuronx-cc on every program written under `written.out_dir`, `jobs` at once (None:
         one per program, at most one per CPU); a failed program does not stop the others."""
@@ -204,7 +204,7 @@ class NeuronBackend(Backend):
 
         return check_folder(Path(folder), archive)
 
-    def executable(self, compiled: Compiled) -> Executable:
+    def executable(self, compiled: Written) -> Executable:
         from .. import get_backend, registry
 
         runnable = [

@@ -18,7 +18,7 @@ from portable.ir.source import source_of
 from portable.opset import lookup, op_name, opset_table
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Lowered, Target, Written
 
 __all__ = ["OnnxBackend"]
 
@@ -65,7 +65,7 @@ class OnnxBackend(Backend):
         texts = {MODEL_FILE + ".txt": model_text(exported.path)}
         return Lowered(program, target, texts=texts, payload=exported)
 
-    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         files = []
         if out_dir is not None:
             for source in lowered.payload.files():
@@ -75,9 +75,9 @@ class OnnxBackend(Backend):
                 path = out_dir / name
                 path.write_text(text)
                 files.append(path)
-        return Compiled(lowered, files, payload=lowered.payload)
+        return Written(lowered, files, payload=lowered.payload)
 
-    def executable(self, compiled: Compiled) -> Executable:
+    def executable(self, compiled: Written) -> Executable:
         self.require()
         from .session import session_function
 

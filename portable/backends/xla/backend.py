@@ -14,7 +14,7 @@ from pathlib import Path
 from portable.ir.program import Program, ProgramKind
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Compiled, Lowered, Target
+from ..base import Backend, Capabilities, Lowered, Target, Written
 
 __all__ = ["XlaBackend"]
 
@@ -63,7 +63,7 @@ class XlaBackend(Backend):
         }
         return Lowered(program, target, texts=texts, payload=jax_lowered)
 
-    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Compiled:
+    def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         """The texts under `out_dir`, and the XLA executable (compiled here, in memory)."""
         files = []
         if out_dir is not None:
@@ -72,12 +72,12 @@ class XlaBackend(Backend):
                 path.write_text(text)
                 files.append(path)
         if lowered.program.is_per_rank:
-            return Compiled(lowered, files, payload=lowered.payload)
-        return Compiled(
+            return Written(lowered, files, payload=lowered.payload)
+        return Written(
             lowered, files, payload=lowered.payload.compile(compiler_options=_COMPILER_OPTIONS)
         )
 
-    def executable(self, compiled: Compiled) -> Executable:
+    def executable(self, compiled: Written) -> Executable:
         import jax
         import jax.numpy as jnp
         import torch

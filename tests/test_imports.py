@@ -26,21 +26,10 @@ import portable
 
 PACKAGE = Path(portable.__file__).resolve().parent
 
-# Cycles in areas other issue-14 work is still renovating (the pass registry, the xla backend's
-# per-rank lowering). Each entry must still be exactly a cycle (the test fails when it is not, so
+# Cycles in areas other issue-14 work is still renovating (the xla backend's per-rank lowering). Each entry must still be exactly a cycle (the test fails when it is not, so
 # the entry gets removed or narrowed): this list only shrinks.
 ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset(
     {
-        # passes/__init__ -> base/manager/spec -> passes (the registry): the pass registry and
-        # the pipeline grammar reach the package for registered names
-        frozenset(
-            {
-                "portable.passes",
-                "portable.passes.base",
-                "portable.passes.manager",
-                "portable.passes.spec",
-            }
-        ),
         # the xla backend and its per-rank (spmd) lowering import each other (function-level)
         frozenset({"portable.backends.xla.backend", "portable.backends.xla.spmd"}),
     }

@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from portable.registry import Registry
-
 from .base import Pass, PassReport, PassResult
 from .manager import PassManager
+from .registry import registry
 from .spec import build_pass, parse_pass, parse_pipeline
 
 __all__ = [
@@ -28,19 +27,6 @@ __all__ = [
     "parse_pipeline",
     "registry",
 ]
-
-registry: Registry[type[Pass]] = Registry(
-    "pass",
-    "portable.passes",
-    {
-        "dce": "portable.passes.dce:DeadCodeElimination",
-        "canonicalize": "portable.passes.canonicalize:Canonicalize",
-        "comm-overlap": "portable.passes.comm_overlap:CommOverlap",
-        "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
-        "softmax-fusion": "portable.passes.softmax_fusion:SoftmaxFusion",
-        "spmd-partition": "portable.passes.spmd_partition:SpmdPartition",
-    },
-)
 
 
 def get_pass(name: str, **options: Any) -> Pass:

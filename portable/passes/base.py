@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import abc
 import dataclasses
+import re
 import types
 import typing
 from collections.abc import Callable, Sequence
@@ -128,8 +129,6 @@ class Pass(abc.ABC):
 
     def spec(self) -> str:
         """The canonical string form: `parse_pass(p.spec()) == p`."""
-        from .spec import format_pass
-
         return format_pass(self)
 
     def report(
@@ -158,3 +157,35 @@ def option_type(hint: Any) -> type:
 def type_name(hint: Any) -> str:
     name = option_type(hint).__name__
     return f"{name} | None" if optional(hint) else name
+
+
+# The canonical string form (the grammar is portable.passes.spec's): bare words need no quotes.
+_BARE = re.compile(r"[A-Za-z0-9_.+\-/:]+")
+
+
+def format_pass(p: Pass) -> str:
+    """Canonical string form: the name, then the options that differ from their defaults."""
+    items = []
+    for field in dataclasses.fields(p):
+        value = getattr(p, field.name)
+        if (
+            field.default is not dataclasses.MISSING
+            and value == field.default
+            and type(value) is type(field.default)
+        ):
+            continue
+        items.append(f"{field.name}={_format_value(value)}")
+    return p.name + ("{" + ",".join(items) + "}" if items else "")
+
+
+def _format_value(value: Any) -> str:
+    if value is None:
+        return "none"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, float)):
+        return repr(value)
+    text = str(value)
+    if _BARE.fullmatch(text) and text != "none":
+        return text
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'

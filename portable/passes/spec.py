@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Any
 
 from portable.errors import PassError
 
-from .base import Pass, option_type, optional, type_name
+from .base import Pass, format_pass, option_type, optional, type_name
+from .registry import registry as default_registry
 
 if TYPE_CHECKING:
     from portable.registry import Registry
 
 __all__ = ["build_pass", "describe_options", "format_pass", "parse_pass", "parse_pipeline"]
 
-_BARE = re.compile(r"[A-Za-z0-9_.+\-/:]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_.\-]*")
 
 
@@ -84,21 +84,6 @@ def build_pass(cls: type[Pass], options: Mapping[str, Any]) -> Pass:
     return cls(**options)
 
 
-def format_pass(p: Pass) -> str:
-    """Canonical string form: the name, then the options that differ from their defaults."""
-    items = []
-    for field in dataclasses.fields(p):
-        value = getattr(p, field.name)
-        if (
-            field.default is not dataclasses.MISSING
-            and value == field.default
-            and type(value) is type(field.default)
-        ):
-            continue
-        items.append(f"{field.name}={_format_value(value)}")
-    return p.name + ("{" + ",".join(items) + "}" if items else "")
-
-
 def describe_options(cls: type[Pass]) -> str:
     """`disable: str = ''` for each option, or `none`."""
     hints = typing.get_type_hints(cls)
@@ -110,11 +95,7 @@ def describe_options(cls: type[Pass]) -> str:
 
 
 def _registry(registry: Registry[type[Pass]] | None) -> Registry[type[Pass]]:
-    if registry is not None:
-        return registry
-    from . import registry as default
-
-    return default
+    return default_registry if registry is None else registry
 
 
 def _check_names(cls: type[Pass], options: Mapping[str, Any]) -> None:
@@ -157,19 +138,6 @@ def _convert(cls: type[Pass], key: str, hint: Any, raw: _Raw) -> Any:
 
 def _looks_float(text: str) -> bool:
     return not text.lower().startswith(("0x", "-0x", "+0x")) and any(c in text for c in ".eE")
-
-
-def _format_value(value: Any) -> str:
-    if value is None:
-        return "none"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float)):
-        return repr(value)
-    text = str(value)
-    if _BARE.fullmatch(text) and text != "none":
-        return text
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
 
 
 def _unquote(text: str, name: str) -> _Raw:

@@ -52,7 +52,7 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterable
-from typing import Any
+from typing import Any, NamedTuple
 
 import torch
 import torch.fx
@@ -63,6 +63,7 @@ from portable.ir.rewriter import Rewriter
 from portable.ir.signature import InputKind, TensorSpec
 from portable.ir.source import SourceLoc
 from portable.ir.spmd import Collective
+from portable.opset import bind
 
 from .base import Pass, PassResult
 from .comm_cost import (
@@ -152,9 +153,19 @@ class CommOverlap(Pass):
 # ---------------------------------------------------------------------------- scheduling
 
 
+class _BucketKey(NamedTuple):
+    """What collectives must share to be merged into one bucket."""
+
+    op: torch._ops.OpOverload  # ALL_REDUCE or REDUCE_SCATTER
+    reduce_op: str
+    axis: str
+    group_size: int
+    dtype: torch.dtype
+
+
 @dataclasses.dataclass
 class _Bucket:
-    key: tuple
+    key: _BucketKey
     members: list[torch.fx.Node]  # the original collective nodes, in producer order
     nbytes: int = 0
     first_use: int = 0  # earliest original position where a member's result is needed
@@ -164,13 +175,19 @@ class _Bucket:
     issued_after: str = ""
     waited_before: str = ""
 
+    def issued(self) -> tuple[torch.fx.Node, torch.fx.Node]:
+        """The bucket's collective and its wait (every bucket has them once
+        `_Scheduler._bucket` has run)."""
+        assert self.collective is not None and self.wait is not None, "bucket not issued yet"
+        return self.collective, self.wait
+
     def to_json(self) -> dict[str, Any]:
         return {
             "collective": self.collective.name if self.collective is not None else None,
-            "op": _OP_NAMES[self.key[0]],
-            "reduce_op": self.key[1],
-            "axis": self.key[2],
-            "group_size": self.key[3],
+            "op": _OP_NAMES[self.key.op],
+            "reduce_op": self.key.reduce_op,
+            "axis": self.key.axis,
+            "group_size": self.key.group_size,
             "tensors": list(self.names),
             "bytes": self.nbytes,
             "issued_after": self.issued_after,
@@ -215,13 +232,13 @@ class _Scheduler:
 
     def _bucket(self) -> None:
         limit = self.opts.bucket_mb * MIB
-        open_: dict[tuple, _Bucket] = {}
-        candidates = [c for c in self.wait_of if _bucket_key(c) is not None]
-        candidates.sort(key=lambda c: self.pos[c.args[0]])
-        for c in candidates:
-            key = _bucket_key(c)
-            nbytes = node_bytes(c.args[0])
-            produced = self.pos[c.args[0]]
+        open_: dict[_BucketKey, _Bucket] = {}
+        candidates = [(c, k) for c in self.wait_of if (k := _bucket_key(c)) is not None]
+        candidates.sort(key=lambda ck: self.pos[_operand(ck[0])])
+        for c, key in candidates:
+            x = _operand(c)
+            nbytes = node_bytes(x)
+            produced = self.pos[x]
             first_use = self._first_use(self.wait_of[c])
             b = open_.get(key)
             if b is None or b.nbytes + nbytes > limit or b.first_use <= produced:
@@ -232,7 +249,7 @@ class _Scheduler:
             b.nbytes += nbytes
             b.first_use = min(b.first_use, first_use)
         for b in self.buckets:
-            b.names = [c.args[0].name for c in b.members]
+            b.names = [_operand(c).name for c in b.members]
             if len(b.members) > 1:
                 self._merge(b)
             else:
@@ -247,11 +264,11 @@ class _Scheduler:
         with g.inserting_before(last):
             parts = []
             for c in b.members:
-                x = c.args[0]
+                x = _operand(c)
                 if op is ALL_REDUCE:
                     parts.append(_new(g, aten.reshape.default, (x, [-1]), src))
                 else:
-                    moved = _movedim_first(g, x, c.args[2], src)
+                    moved = _movedim_first(g, x, _scatter_dim(c), src)
                     parts.append(_new(g, aten.reshape.default, (moved, [group, -1]), src))
             cat = _new(g, aten.cat.default, (parts, 0 if op is ALL_REDUCE else 1), src)
             if op is ALL_REDUCE:
@@ -268,11 +285,11 @@ class _Scheduler:
                     piece = _new(g, aten.slice.Tensor, (wait, 0, offset, offset + n), src)
                     value = _new(g, aten.view.default, (piece, shape), src)
                 else:
-                    d = c.args[2] % len(shape)
+                    d = _scatter_dim(c) % len(shape)
                     n = math.prod(shape)
                     piece = _new(g, aten.slice.Tensor, (wait, 1, offset, offset + n), src)
-                    moved = [shape[d], *shape[:d], *shape[d + 1 :]]
-                    value = _new(g, aten.view.default, (piece, moved), src)
+                    chunk_shape = [shape[d], *shape[:d], *shape[d + 1 :]]
+                    value = _new(g, aten.view.default, (piece, chunk_shape), src)
                     if d != 0:
                         inverse = [*range(1, d + 1), 0, *range(d + 1, len(shape))]
                         value = _new(g, aten.permute.default, (value, inverse), src)
@@ -299,13 +316,7 @@ class _Scheduler:
 
     def _prefetch(self) -> dict[torch.fx.Node, int]:
         """Parameter all-gather -> the original position it is issued before (module doc)."""
-        gathers = [
-            c
-            for c in self.wait_of
-            if c.target is ALL_GATHER
-            and c.args[0].op == "placeholder"
-            and c.args[0].name in self.params
-        ]
+        gathers = [c for c in self.wait_of if c.target is ALL_GATHER and self._is_param(c)]
         if not gathers:
             return {}
         starts = self._layer_starts()
@@ -334,21 +345,26 @@ class _Scheduler:
             anchors[c] = issue
             if issue < use:
                 self.prefetched += 1
-                before = self.order[issue].name
+                before, tensor = self.order[issue].name, _operand(c).name
                 self.prefetch_notes.append(
                     {
                         "collective": c.name,
-                        "tensor": c.args[0].name,
+                        "tensor": tensor,
                         "bytes": nbytes,
                         "issued_before": before,
                         "first_use": self.order[use].name,
                     }
                 )
                 self.notes.append(
-                    f"prefetch {c.args[0].name} ({nbytes} bytes): issued before %{before}, "
+                    f"prefetch {tensor} ({nbytes} bytes): issued before %{before}, "
                     f"first used by %{self.order[use].name}"
                 )
         return anchors
+
+    def _is_param(self, gather: torch.fx.Node) -> bool:
+        """Whether `gather` gathers a parameter placeholder."""
+        x = _operand(gather)
+        return x.op == "placeholder" and x.name in self.params
 
     def _layer_starts(self) -> list[int]:
         """Original positions where a new layer's compute starts."""
@@ -461,14 +477,15 @@ class _Scheduler:
         for k, b in enumerate(self.buckets):
             if len(b.members) < 2:
                 continue
-            i, w = index[b.collective], index[b.wait]
+            collective, wait = b.issued()
+            i, w = index[collective], index[wait]
             after = [n for n in compute if index[n] < i]
             nxt = [n for n in compute if index[n] > w] or [order[-1]]
             b.issued_after = after[-1].name if after else "<start>"
             b.waited_before = nxt[0].name
-            op = _OP_NAMES[b.key[0]]
+            op = _OP_NAMES[b.key.op]
             self.notes.append(
-                f"bucket {k}: {op}({b.key[1]}) over {b.key[2]}, {len(b.members)} tensors "
+                f"bucket {k}: {op}({b.key.reduce_op}) over {b.key.axis}, {len(b.members)} tensors "
                 f"[{', '.join(b.names)}], {b.nbytes} bytes: issued after %{b.issued_after}, "
                 f"waited before %{b.waited_before}"
             )
@@ -477,17 +494,30 @@ class _Scheduler:
 # ---------------------------------------------------------------------------- helpers
 
 
-def _bucket_key(c: torch.fx.Node) -> tuple | None:
-    """(op, reduce_op, axis, group_size, dtype) of a bucketable collective, else None."""
-    x = c.args[0]
-    if not isinstance(x, torch.fx.Node) or not isinstance(x.meta.get("tensor"), TensorSpec):
+def _operand(c: torch.fx.Node) -> torch.fx.Node:
+    """The tensor a collective (or a wait) reads."""
+    return bind(c).node("x")
+
+
+def _scatter_dim(c: torch.fx.Node) -> int:
+    """The dim a reduce-scatter scatters along."""
+    return bind(c).literal("dim")
+
+
+def _bucket_key(c: torch.fx.Node) -> _BucketKey | None:
+    """The key of a bucketable collective (an all-reduce or reduce-scatter that sums or averages
+    a tensor with a TensorSpec), else None."""
+    op = c.target
+    if not isinstance(op, torch._ops.OpOverload) or op not in (ALL_REDUCE, REDUCE_SCATTER):
         return None
-    dtype = x.meta["tensor"].dtype
-    if c.target is ALL_REDUCE and c.args[1] in ("sum", "avg"):
-        return (ALL_REDUCE, c.args[1], c.args[2], c.args[3], dtype)
-    if c.target is REDUCE_SCATTER and c.args[1] in ("sum", "avg"):
-        return (REDUCE_SCATTER, c.args[1], c.args[3], c.args[4], dtype)
-    return None
+    b = bind(c)
+    x = b.get("x")
+    if not isinstance(x, torch.fx.Node) or not isinstance(spec := x.meta.get("tensor"), TensorSpec):
+        return None
+    reduce_op = b.literal("reduce_op")
+    if reduce_op not in ("sum", "avg"):
+        return None
+    return _BucketKey(op, reduce_op, b.literal("axis"), b.literal("group_size"), spec.dtype)
 
 
 def _layer_of(node: torch.fx.Node) -> str | None:
@@ -503,13 +533,15 @@ def _layer_of(node: torch.fx.Node) -> str | None:
 
 
 def _source(node: torch.fx.Node) -> SourceLoc:
+    """`node`'s source line, else its operand's, else this pass's (`node` is a collective)."""
     src = node.meta.get("source")
     if src is None:
-        src = node.args[0].meta.get("source") if isinstance(node.args[0], torch.fx.Node) else None
+        x = bind(node).get("x")
+        src = x.meta.get("source") if isinstance(x, torch.fx.Node) else None
     return src if src is not None else SourceLoc(module=NAME)
 
 
-def _movedim_first(g: torch.fx.Graph, x: torch.fx.Node, dim: int, src) -> torch.fx.Node:
+def _movedim_first(g: torch.fx.Graph, x: torch.fx.Node, dim: int, src: SourceLoc) -> torch.fx.Node:
     rank = len(x.meta["tensor"].shape)
     d = dim % rank
     if d == 0:
@@ -518,16 +550,24 @@ def _movedim_first(g: torch.fx.Graph, x: torch.fx.Node, dim: int, src) -> torch.
     return _new(g, aten.permute.default, (x, perm), src)
 
 
-def _new(g: torch.fx.Graph, target, args: tuple, src, kwargs=None) -> torch.fx.Node:
+def _new(
+    g: torch.fx.Graph,
+    target: torch._ops.OpOverload,
+    args: tuple[Any, ...],
+    src: SourceLoc,
+    kwargs: dict[str, Any] | None = None,
+) -> torch.fx.Node:
     """A call node with meta["tensor"] / meta["val"] from the fake kernel on its inputs'
     per-rank specs, and `src` (torch.fx's default node names)."""
     return Rewriter(g).call(target, args, kwargs, source=src, fake="specs", name=None)
 
 
-def _count_moved(old: list, new: list, movable: set) -> int:
+def _count_moved(
+    old: list[torch.fx.Node], new: list[torch.fx.Node], movable: set[torch.fx.Node]
+) -> int:
     """Movable nodes whose set of preceding non-movable nodes changed."""
 
-    def anchors(order):
+    def anchors(order: list[torch.fx.Node]) -> dict[torch.fx.Node, int]:
         seen, out = 0, {}
         for n in order:
             if n in movable:
@@ -548,6 +588,7 @@ def _update_spmd_collectives(out: Program, sched: _Scheduler) -> None:
     kept = [c for c in out.spmd.collectives if c.node not in removed]
     for b in sched.buckets:
         if len(b.members) > 1:
-            op, axis, size = _OP_NAMES[b.key[0]], b.key[2], b.key[3]
-            kept.append(Collective(b.collective.name, op, axis, size, b.nbytes))
+            collective, _ = b.issued()
+            op, axis, size = _OP_NAMES[b.key.op], b.key.axis, b.key.group_size
+            kept.append(Collective(collective.name, op, axis, size, b.nbytes))
     out.spmd = out.spmd.with_collectives(kept)

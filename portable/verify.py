@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import operator
 import re
+from collections.abc import Mapping, Sequence
+from typing import Any, NoReturn
 
 import sympy
 import torch
@@ -25,11 +27,11 @@ from torch.utils._sympy.value_ranges import ValueRanges
 from .errors import VerifyError
 from .ir.plan import Mesh
 from .ir.program import Program
-from .ir.signature import TensorSpec
+from .ir.signature import InputSpec, OutputSpec, TensorSpec
 from .ir.source import source_of
 from .ir.spmd import TensorLayout
-from .ir.symbolic import SizeExprError, parse_size
-from .opset import lookup, op_name
+from .ir.symbolic import DimBounds, SizeExprError, parse_size
+from .opset import OpDef, lookup, op_name
 
 __all__ = ["verify"]
 
@@ -65,7 +67,7 @@ _PLAIN = (
 
 def _fail(
     what: str, node: torch.fx.Node | None = None, fix: str | None = None, op: str | None = None
-):
+) -> NoReturn:
     src = source_of(node) if node is not None else None
     raise VerifyError(
         what,
@@ -77,7 +79,7 @@ def _fail(
     )
 
 
-def _check_arg(node: torch.fx.Node, value) -> None:
+def _check_arg(node: torch.fx.Node, value: object) -> None:
     if isinstance(value, torch.fx.Node) or isinstance(value, _PLAIN):
         return
     if isinstance(value, (list, tuple)):
@@ -92,7 +94,7 @@ def _check_arg(node: torch.fx.Node, value) -> None:
     )
 
 
-def _specs(meta) -> list[TensorSpec]:
+def _specs(meta: object) -> list[TensorSpec]:
     if isinstance(meta, TensorSpec):
         return [meta]
     if isinstance(meta, tuple):
@@ -131,17 +133,17 @@ def verify(program: Program, *, check_shapes: bool = True) -> None:
     # a per-rank program (spmd-partition) keeps the global weights; runtimes shard them
     global_shapes = {t.name: t.global_shape for t in program.spmd.inputs} if program.spmd else {}
     for spec in sig.state_inputs:
-        weight = program.weights.get(spec.target)
+        weight = program.weights.get(spec.key)
         if weight is None:
             _fail(
-                f"state input {spec.name} ({spec.target}) has no weight",
+                f"state input {spec.name} ({spec.key}) has no weight",
                 fix="re-capture the program",
             )
         expected = spec.spec
         if spec.name in global_shapes:
             expected = TensorSpec(tuple(global_shapes[spec.name]), spec.spec.dtype)
         if TensorSpec.of(weight) != expected:
-            _fail(f"weight {spec.target} is {TensorSpec.of(weight)}, signature says {expected}")
+            _fail(f"weight {spec.key} is {TensorSpec.of(weight)}, signature says {expected}")
     outputs = graph.output_node().args[0]
     if not isinstance(outputs, (tuple, list)) or len(outputs) != len(sig.outputs):
         _fail("the graph output does not match the signature outputs")
@@ -178,19 +180,25 @@ def _check_spmd(program: Program) -> None:
     layout = program.spmd
     if layout is None:
         return
-    sig = program.signature
-    for kind, specs, layouts in (
-        ("input", sig.inputs, layout.inputs),
-        ("output", sig.outputs, layout.outputs),
-    ):
-        if [s.name for s in specs] != [t.name for t in layouts]:
-            _fail(
-                f"the spmd layout's {kind}s {[t.name for t in layouts]} are not the signature's "
-                f"{[s.name for s in specs]}",
-                fix="the layout is written by spmd-partition; re-run it on the global program",
-            )
-        for spec, t in zip(specs, layouts, strict=True):
-            _check_layout(kind, spec.spec.shape, t, layout.mesh)
+    _check_side("input", program.signature.inputs, layout.inputs, layout.mesh)
+    _check_side("output", program.signature.outputs, layout.outputs, layout.mesh)
+
+
+def _check_side(
+    kind: str,
+    specs: Sequence[InputSpec | OutputSpec],
+    layouts: Sequence[TensorLayout],
+    mesh: Mesh,
+) -> None:
+    """The layout's inputs (or outputs) are the signature's, in order, each one consistent."""
+    if [s.name for s in specs] != [t.name for t in layouts]:
+        _fail(
+            f"the spmd layout's {kind}s {[t.name for t in layouts]} are not the signature's "
+            f"{[s.name for s in specs]}",
+            fix="the layout is written by spmd-partition; re-run it on the global program",
+        )
+    for spec, t in zip(specs, layouts, strict=True):
+        _check_layout(kind, spec.spec.shape, t, mesh)
 
 
 def _check_layout(kind: str, local: tuple[int | str, ...], t: TensorLayout, mesh: Mesh) -> None:
@@ -214,18 +222,19 @@ def _check_shape_rules(program: Program) -> None:
 
     Declared dynamic dims become symbolic sizes (a ShapeEnv, as torch.export uses), so a
     program with dynamic shapes is checked as fully as a static one."""
-    dims = program.metadata.get("symbolic_dims", {})
+    dims: dict[str, DimBounds] = program.metadata.get("symbolic_dims", {})
     shape_env = ShapeEnv() if dims else None
     mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
-    symbols = {name: _symbol(shape_env, name, b) for name, b in dims.items()} if dims else {}
-    env: dict[torch.fx.Node, object] = {}
+    symbols = {} if shape_env is None else {n: _symbol(shape_env, n, b) for n, b in dims.items()}
+    env: dict[torch.fx.Node, Any] = {}  # node -> its fake value (tensor, tuple, SymInt)
 
-    def fake(node: torch.fx.Node, spec: TensorSpec):
+    def fake(node: torch.fx.Node, spec: TensorSpec) -> torch.Tensor:
         shape = [_size(node, d, symbols) for d in spec.shape]
         with mode:
             return torch.empty(shape, dtype=spec.dtype)
 
-    def load(value):
+    def load(value: torch.fx.node.Argument) -> Any:
+        """`value` with each node replaced by its fake value."""
         return torch.fx.node.map_arg(value, lambda n: env[n])
 
     for node in program.graph.nodes:
@@ -237,6 +246,7 @@ def _check_shape_rules(program: Program) -> None:
                 env[node] = _getitem(node, args)
                 continue
             entry = lookup(node.target)
+            assert entry is not None, "verify() refuses ops outside the opset before this"
             _check_dtypes(node, entry, args, kwargs)
             try:
                 with mode:
@@ -258,23 +268,27 @@ def _check_shape_rules(program: Program) -> None:
 _MAX_SIZE = 1 << 62
 
 
-def _symbol(shape_env: ShapeEnv, name: str, bounds: dict):
+def _symbol(shape_env: ShapeEnv, name: str, bounds: DimBounds) -> torch.SymInt:
     """A SymInt named `name` with the declared range; its hint (the value torch guards
     on while checking) is inside the range and not 0 or 1, which torch specializes."""
-    low, high = int(bounds.get("min", 0)), bounds.get("max")
-    high = _MAX_SIZE if high is None else int(high)
+    low, top = int(bounds.get("min", 0)), bounds.get("max")
+    high = _MAX_SIZE if top is None else int(top)
     hint = min(max(low, 7), high)
     sym = _sym(name)
     shape_env.backed_var_to_val[sym] = sympy.Integer(hint)
     shape_env.var_to_range[sym] = ValueRanges(low, high)
-    return shape_env.create_symintnode(sym, hint=hint)
+    size = shape_env.create_symintnode(sym, hint=hint)
+    assert isinstance(size, torch.SymInt), "a free symbol does not simplify to an int"
+    return size
 
 
 def _sym(name: str) -> sympy.Symbol:
     return sympy.Symbol(name, integer=True, nonnegative=True)
 
 
-def _size(node: torch.fx.Node, dim: int | str, symbols: dict):
+def _size(
+    node: torch.fx.Node, dim: int | str, symbols: Mapping[str, torch.SymInt]
+) -> int | torch.SymInt:
     if isinstance(dim, int):
         return dim
     try:
@@ -283,21 +297,23 @@ def _size(node: torch.fx.Node, dim: int | str, symbols: dict):
         _fail(f"node {node.name} has a dim {dim!r} that cannot be evaluated: {exc}", node)
 
 
-def _getitem(node: torch.fx.Node, args):
+def _getitem(node: torch.fx.Node, args: tuple[Any, Any]) -> Any:
     try:
         return args[0][args[1]]
     except (TypeError, IndexError, KeyError):
         _fail(f"getitem {node.name} indexes a value that has no item {args[1]!r}", node)
 
 
-def _check_scalar(node: torch.fx.Node, result) -> None:
+def _check_scalar(node: torch.fx.Node, result: object) -> None:
     """Size arithmetic (`sym.*`) stays within tensor sizes, so a chain of them cannot grow
     an integer without bound."""
     if isinstance(result, int) and not isinstance(result, bool) and abs(result) > _MAX_SIZE:
         _fail(f"node {node.name} computes a size beyond 2**62", node)
 
 
-def _same(recorded, derived, result, symbols: dict) -> bool:
+def _same(
+    recorded: object, derived: object, result: Any, symbols: Mapping[str, torch.SymInt]
+) -> bool:
     """Recorded and derived specs agree; symbolic dims agree as expressions (the same text,
     or the same value at several points of the declared ranges)."""
     if recorded == derived:
@@ -315,7 +331,9 @@ def _same(recorded, derived, result, symbols: dict) -> bool:
     )
 
 
-def _same_dim(recorded: int | str, size, symbols: dict) -> bool:
+def _same_dim(
+    recorded: int | str, size: int | torch.SymInt, symbols: Mapping[str, torch.SymInt]
+) -> bool:
     expr = size.node.expr if isinstance(size, torch.SymInt) else int(size)
     expr = sympy.Integer(expr) if isinstance(expr, int) else expr
     for point in _sample_points(symbols):
@@ -330,7 +348,7 @@ def _same_dim(recorded: int | str, size, symbols: dict) -> bool:
     return True
 
 
-def _sample_points(symbols: dict) -> list[dict[str, int]]:
+def _sample_points(symbols: Mapping[str, torch.SymInt]) -> list[dict[str, int]]:
     """Three assignments of the declared symbols: the hints, the minimums, and primes
     inside the ranges (distinct values, so that s0*s1 and s0+s1 differ)."""
     points = []
@@ -379,7 +397,15 @@ _ONE_DTYPE_FIX = (
 )
 
 
-def _check_dtypes(node, entry, args, kwargs=None) -> None:
+def _check_dtypes(
+    node: torch.fx.Node,
+    entry: OpDef,
+    args: Sequence[Any],
+    kwargs: Mapping[str, Any] | None = None,
+) -> None:
+    """The node's first tensor input has a dtype the op declares; the operands of
+    `SAME_DTYPE_OPERANDS` share one; an attention mask has one SDPA takes. `args` and
+    `kwargs` are the node's fake (or example) values."""
     first = next((a for a in args if isinstance(a, torch.Tensor)), None)
     if first is not None and not entry.accepts(first.dtype):
         _fail(
@@ -413,7 +439,7 @@ def _check_dtypes(node, entry, args, kwargs=None) -> None:
         )
 
 
-def _to_spec(value):
+def _to_spec(value: object) -> TensorSpec | tuple[Any, ...] | None:
     if isinstance(value, torch.Tensor):
         return TensorSpec.of(value)
     if isinstance(value, (tuple, list)):
@@ -421,7 +447,7 @@ def _to_spec(value):
     return None
 
 
-def _fmt(meta) -> str:
+def _fmt(meta: object) -> str:
     if isinstance(meta, tuple):
         return "(" + ", ".join(_fmt(m) for m in meta) + ")"
     return str(meta)

@@ -130,7 +130,7 @@ class _Session:
             if self.redeliver:
                 with self.lock:
                     self.echoes += 1  # interrupt_main writes the signal's byte too
-                _thread.interrupt_main(self.first or signal.SIGINT)
+                _thread.interrupt_main(signal.Signals(self.first or signal.SIGINT))
 
     def _echo(self) -> bool:
         with self.lock:

@@ -59,21 +59,24 @@ def run_parity(
             True, record, skipped + "parity: no target can run here; nothing compared\n"
         )
     from ..testing import check_parity
+    from ..testing.tolerance import ATOL, RTOL
 
-    # the one policy of check_parity (portable/testing/tolerance.py); --rtol/--atol override
-    tolerances = {k: v for k, v in (("rtol", rtol), ("atol", atol)) if v is not None}
-    eager = {}
+    eager_model, loss_fn = None, None
     if source.spec is not None and compare_eager:  # the reference vs the eager model itself
-        eager = {"eager_model": source.spec.build(), "loss_fn": source.spec.loss_fn}
+        eager_model, loss_fn = source.spec.build(), source.spec.loss_fn
     report = check_parity(
         program,
         _inputs(program, source, training),
         backends=here,
         steps=steps,
-        **tolerances,
-        **eager,
+        # the one policy of check_parity (portable/testing/tolerance.py); --rtol/--atol override
+        rtol=RTOL if rtol is None else rtol,
+        atol=ATOL if atol is None else atol,
+        eager_model=eager_model,
+        loss_fn=loss_fn,
     )
-    record.update(ok=bool(report.ok), report=report.to_json(), eager_compared=bool(eager))
+    compared = eager_model is not None
+    record.update(ok=bool(report.ok), report=report.to_json(), eager_compared=compared)
     verdict = "ok" if report.ok else "MISMATCH"
     if source.spec is not None and not compare_eager:
         skipped += "eager: not compared (a pass changed the numerics on purpose)\n"

@@ -23,7 +23,7 @@ import argparse
 import json
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import CaptureError, InputError, PlanError
 from ..ir.plan import Mesh, Plan
@@ -33,6 +33,9 @@ from .exit_codes import EPILOG, ExitCode, OutputConflictError
 from .load_spec import Source, load_plan, resolve, with_plan
 from .progress import Progress
 from .table import format_table
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["add_parser", "run"]
 
@@ -160,7 +163,10 @@ def _partition(program: Program) -> Program:
     return partition().apply(program).program
 
 
-def _global_inputs(source: Source, program: Program, path: Path | None, training: bool):
+def _global_inputs(
+    source: Source, program: Program, path: Path | None, training: bool
+) -> dict[str, torch.Tensor]:
+    """The program's user inputs by name: from `path` (safetensors), else the spec's examples."""
     users = program.signature.user_inputs
     if path is not None:
         import safetensors.torch

@@ -103,9 +103,16 @@ def launch(
         report = Path(folder)
         cmd = _command(Path(run_dir), nproc, Path(out), report, steps, backend, timeout_s)
         env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
-        startup_s = max(timeout_s, STARTUP_MIN_S)
-        options = {"timeout_s": timeout_s, "startup_s": startup_s, "capture_output": quiet}
-        with Job(cmd, report, nproc=nproc, env=env, **options) as job:
+        job = Job(
+            cmd,
+            report,
+            nproc=nproc,
+            env=env,
+            timeout_s=timeout_s,
+            startup_s=max(timeout_s, STARTUP_MIN_S),
+            capture_output=quiet,
+        )
+        with job:
             outcome = job.wait()
         failures = read_failures(report / FAILURES)
         error = job_error(nproc, outcome, failures, read_reports(report), timeout_s=timeout_s)

@@ -106,7 +106,9 @@ class TorchCollectives:
 
     # ------------------------------------------------------------------ CollectiveRuntime
 
-    def all_reduce(self, x: torch.Tensor, reduce_op: str, axis: str, group_size: int):
+    def all_reduce(
+        self, x: torch.Tensor, reduce_op: str, axis: str, group_size: int
+    ) -> torch.Tensor:
         name = self._group(axis, group_size, reduce_op)
         if name is None:
             return x.clone()
@@ -114,7 +116,7 @@ class TorchCollectives:
             out = _fc.all_reduce(x.contiguous(), reduce_op, name)
         return self._issue(out, "all_reduce", axis)
 
-    def all_gather(self, x: torch.Tensor, dim: int, axis: str, group_size: int):
+    def all_gather(self, x: torch.Tensor, dim: int, axis: str, group_size: int) -> torch.Tensor:
         name = self._group(axis, group_size)
         if name is None:
             return x.clone()
@@ -125,7 +127,9 @@ class TorchCollectives:
             out = _fc.all_gather_into_tensor(moved, group_size, name)
         return self._issue(out, "all_gather", axis, _move_back(dim))
 
-    def reduce_scatter(self, x: torch.Tensor, reduce_op: str, dim: int, axis: str, group_size: int):
+    def reduce_scatter(
+        self, x: torch.Tensor, reduce_op: str, dim: int, axis: str, group_size: int
+    ) -> torch.Tensor:
         name = self._group(axis, group_size, reduce_op)
         if name is None:
             return x.clone()
@@ -138,7 +142,7 @@ class TorchCollectives:
 
     def all_to_all(
         self, x: torch.Tensor, split_dim: int, concat_dim: int, axis: str, group_size: int
-    ):
+    ) -> torch.Tensor:
         name = self._group(axis, group_size)
         if name is None:
             return x.clone()
@@ -157,7 +161,7 @@ class TorchCollectives:
 
         return self._issue(out, "all_to_all", axis, finish)
 
-    def local_shard(self, x: torch.Tensor, dim: int, axis: str, group_size: int):
+    def local_shard(self, x: torch.Tensor, dim: int, axis: str, group_size: int) -> torch.Tensor:
         self._group(axis, group_size)
         dim = dim % x.dim()
         _check_divides(x, dim, group_size, "local_shard")
@@ -165,7 +169,7 @@ class TorchCollectives:
         index = self.coords[axis] if group_size > 1 else 0
         return x.narrow(dim, index * size, size).clone(memory_format=torch.contiguous_format)
 
-    def wait(self, x: torch.Tensor):
+    def wait(self, x: torch.Tensor) -> torch.Tensor:
         entry = self._pending.pop(id(x), None)
         if entry is None:  # not in flight (a group of one, or waited already)
             return x.clone()

@@ -37,7 +37,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import safetensors.torch
 import torch
@@ -55,6 +55,9 @@ from .diagnosis import write_failure
 from .heartbeat import Heartbeat
 from .lifetime import die_with_parent
 from .runtime import TorchCollectives, collective
+
+if TYPE_CHECKING:
+    from ..runtime import Executable
 
 __all__ = ["OUTPUT_FORMAT", "main", "run_rank"]
 
@@ -200,7 +203,14 @@ def _checked_program(root: Path, steps: int | None) -> tuple[Program, SpmdLayout
     return program, layout, steps
 
 
-def _steps(exe, program: Program, inputs, steps: int, collectives, at: Callable[..., None]):
+def _steps(
+    exe: Executable,
+    program: Program,
+    inputs: Mapping[str, torch.Tensor],
+    steps: int,
+    collectives: TorchCollectives,
+    at: Callable[..., None],
+) -> tuple[list[torch.Tensor], dict[str, torch.Tensor]]:
     """K training steps (the losses) or one inference call (the outputs by name)."""
     from ..opset.collectives import collective_runtime
 
@@ -259,7 +269,7 @@ def _local(
     sharded by the input's Sharding, checked against the global and local shapes."""
     specs = program.signature.state_inputs if state else program.signature.user_inputs
     if state and not path.is_file():  # the archive's weights are the GLOBAL state
-        tensors = {s.name: program.weights[s.target] for s in specs}
+        tensors = {s.name: program.weights[s.key] for s in specs}
     else:
         tensors = safetensors.torch.load_file(path) if specs else {}
     out = {}
@@ -283,11 +293,13 @@ def _local(
     return out
 
 
-def _executable(program: Program, state: Mapping[str, torch.Tensor], device: torch.device):
+def _executable(
+    program: Program, state: Mapping[str, torch.Tensor], device: torch.device
+) -> Executable:
     """The cpu backend's executable of the per-rank program with this rank's local state."""
     import portable
 
-    by_target = {s.target: state[s.name] for s in program.signature.state_inputs}
+    by_target = {s.key: state[s.name] for s in program.signature.state_inputs}
     local = program.replace(weights={**program.weights, **by_target})
     if device.type != "cpu":
         _move_graph(local, device)
@@ -331,10 +343,10 @@ def _gather(
         for spec in sig.state_inputs:
             if spec.kind is InputKind.CONSTANT:
                 continue
-            per_rank = _all_gather(state[spec.target])
+            per_rank = _all_gather(state[spec.key])
             if per_rank:
                 sharding = layout.input(spec.name).sharding
-                tensors[spec.target] = unshard(per_rank, sharding, mesh)
+                tensors[spec.key] = unshard(per_rank, sharding, mesh)
     else:
         for name, value in outputs.items():
             per_rank = _all_gather(value)

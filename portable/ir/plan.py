@@ -171,8 +171,9 @@ class Plan:
                 return rule.spec
         return None
 
-    def validate(self, shapes: Mapping[str, Sequence[int]]) -> None:
-        """Check every spec against the mesh and the tensor shapes; raise PlanError with the
+    def validate(self, shapes: Mapping[str, Sequence[int | str]]) -> None:
+        """Check every spec against the mesh and the tensor shapes (a dim is an int, or the
+        expression of a dynamic dim, which cannot be sharded); raise PlanError with the
         arithmetic on the first problem."""
         if self.mesh is None:
             if self.specs or self.rules:
@@ -195,7 +196,7 @@ class Plan:
             if spec is not None:
                 self._check(name, tuple(shape), spec)
 
-    def _check(self, name: str, shape: tuple[int, ...], spec: PartitionSpec) -> None:
+    def _check(self, name: str, shape: tuple[int | str, ...], spec: PartitionSpec) -> None:
         assert self.mesh is not None
         if len(spec.dims) > len(shape):
             raise PlanError(
@@ -208,12 +209,17 @@ class Plan:
         for dim, entry in enumerate(spec.dims):
             if not entry:
                 continue
-            factor = spec.shard_factor(self.mesh, dim)
-            if shape[dim] % factor:
-                axes = "*".join(f"{a}({self.mesh.axis_size(a)})" for a in entry)
+            factor, size = spec.shard_factor(self.mesh, dim), shape[dim]
+            axes = "*".join(f"{a}({self.mesh.axis_size(a)})" for a in entry)
+            if isinstance(size, str):
                 raise PlanError(
-                    f"{axes} does not divide {name} dim {dim} ({shape[dim]}): "
-                    f"{shape[dim]} % {factor} = {shape[dim] % factor}",
+                    f"{axes} shards {name} dim {dim}, which is dynamic ({size})",
+                    fix="shard a static dim, or capture with a static size for this one",
+                )
+            if size % factor:
+                raise PlanError(
+                    f"{axes} does not divide {name} dim {dim} ({size}): "
+                    f"{size} % {factor} = {size % factor}",
                     fix="change the mesh sizes or shard another dim",
                 )
 

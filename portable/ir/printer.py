@@ -11,15 +11,19 @@ Names are the graph's node names; the format changes only with a format version 
 from __future__ import annotations
 
 import operator
+from typing import TYPE_CHECKING
 
 import torch.fx
 
-from ..opset import op_name
+from ..opset import bind, op_name
 from .signature import TensorSpec
 from .source import source_of
 
+if TYPE_CHECKING:
+    from .program import Program
 
-def _arg(value) -> str:
+
+def _arg(value: torch.fx.node.Argument) -> str:
     if isinstance(value, torch.fx.Node):
         return f"%{value.name}"
     if isinstance(value, (list, tuple)):
@@ -30,7 +34,7 @@ def _arg(value) -> str:
     return str(value)
 
 
-def _meta(meta) -> str:
+def _meta(meta: object) -> str:
     if isinstance(meta, TensorSpec):
         return str(meta)
     if isinstance(meta, tuple):
@@ -40,7 +44,8 @@ def _meta(meta) -> str:
 
 def format_node(node: torch.fx.Node) -> str:
     if node.target is operator.getitem:
-        text = f"%{node.name} = %{node.args[0].name}[{node.args[1]}]"
+        b = bind(node)
+        text = f"%{node.name} = %{b.node('self').name}[{b.literal('index')}]"
     else:
         args = [_arg(a) for a in node.args] + [f"{k}={_arg(v)}" for k, v in node.kwargs.items()]
         text = f"%{node.name} = {op_name(node.target)}({', '.join(args)})"
@@ -51,7 +56,7 @@ def format_node(node: torch.fx.Node) -> str:
     return text
 
 
-def format_program(program) -> str:
+def format_program(program: Program) -> str:
     sig = program.signature
     lines = [f"program {program.name} ({program.kind.value}, opset {program.opset_version})"]
     for spec in sig.inputs:
@@ -61,7 +66,8 @@ def format_program(program) -> str:
         if node.op == "call_function":
             lines.append("  " + format_node(node))
     results = program.graph.output_node().args[0]
-    for spec, value in zip(sig.outputs, results, strict=True):
-        alias = f" (aliases {spec.aliases})" if spec.aliases else ""
-        lines.append(f"  out {spec.name}: {spec.kind.value} = {_arg(value)}{alias}")
+    assert isinstance(results, tuple | list), "a program's graph returns one flat tuple"
+    for out, value in zip(sig.outputs, results, strict=True):
+        alias = f" (aliases {out.aliases})" if out.aliases else ""
+        lines.append(f"  out {out.name}: {out.kind.value} = {_arg(value)}{alias}")
     return "\n".join(lines) + "\n"

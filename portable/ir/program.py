@@ -78,7 +78,7 @@ class Program:
 
     def state(self) -> dict[str, torch.Tensor]:
         """Weights keyed by input placeholder name, in signature order."""
-        return {i.name: self.weights[i.target] for i in self.signature.state_inputs}
+        return {i.name: self.weights[i.key] for i in self.signature.state_inputs}
 
     def tensor_shapes(self) -> dict[str, tuple[int | str, ...]]:
         """Every input tensor's shape by the name plans use (weight key or input name); a tied
@@ -90,23 +90,17 @@ class Program:
         return shapes
 
     def parameters(self) -> dict[str, torch.Tensor]:
-        return {
-            i.target: self.weights[i.target] for i in self.signature.inputs_of(InputKind.PARAMETER)
-        }
+        return {i.key: self.weights[i.key] for i in self.signature.inputs_of(InputKind.PARAMETER)}
 
     def replace(self, **changes: Any) -> Program:
         """A copy with some fields changed (graphs are deep-copied, weights shared)."""
-        fields = {
-            "kind": self.kind,
-            "graph_module": copy_graph_module(self.graph_module),
-            "signature": self.signature,
-            "weights": dict(self.weights),
-            "plan": self.plan,
-            "metadata": copy.deepcopy(self.metadata),
-            "spmd": self.spmd,
-        }
-        fields.update(changes)
-        return Program(**fields)
+        copied = dataclasses.replace(
+            self,
+            graph_module=copy_graph_module(self.graph_module),
+            weights=dict(self.weights),
+            metadata=copy.deepcopy(self.metadata),
+        )
+        return dataclasses.replace(copied, **changes)
 
     def save(self, path: str | Path) -> Path:
         """Write the archive (JSON + safetensors) atomically; see docs/archive-format.md.

@@ -219,7 +219,10 @@ def fake_value(
     if fake == "available" and missing:
         return None
     if target is operator.getitem:
-        return vals[0][vals[1]]
+        whole, index = vals
+        if whole is None:
+            raise ValueError(f"getitem of %{args[0]}, which has no fake value (meta['val'])")
+        return whole[index]
     existing = next((v for v in vals if isinstance(v, FakeTensor)), None)
     if existing is None:
         if fake == "available":

@@ -18,17 +18,13 @@ import dataclasses
 import re
 import unicodedata
 from collections.abc import Callable
+from re import _constants as _c  # type: ignore[attr-defined]  # private: typeshed has no stub
+from re import _parser  # type: ignore[attr-defined]  # re.compile's parser, private: no stub
+from typing import Any
 
 from ..errors import PlanError
 
 __all__ = ["SafePattern", "compile_pattern"]
-
-try:  # Python 3.11+: the parser behind `re.compile`
-    from re import _constants as _c  # type: ignore[attr-defined]
-    from re import _parser  # type: ignore[attr-defined]
-except ImportError:  # pragma: no cover - older Pythons
-    import sre_constants as _c  # type: ignore[no-redef]
-    import sre_parse as _parser  # type: ignore[no-redef]
 
 MAX_PATTERN = 1000
 MAX_STATES = 10_000
@@ -109,18 +105,20 @@ class _Builder:
         self.pattern = pattern
         self.count = 0
 
-    def new(self, kind: str, test: Predicate | None = None, out: list[_State] | None = None):
+    def new(
+        self, kind: str, test: Predicate | None = None, out: list[_State] | None = None
+    ) -> _State:
         self.count += 1
         if self.count > MAX_STATES:
             raise _refuse(self.pattern, f"needs more than {MAX_STATES} states")
         return _State(kind, test, out or [])
 
-    def sequence(self, items: list, follow: _State) -> _State:
+    def sequence(self, items: list[tuple[Any, Any]], follow: _State) -> _State:
         for op, arg in reversed(items):
             follow = self.item(op, arg, follow)
         return follow
 
-    def item(self, op, arg, follow: _State) -> _State:
+    def item(self, op: object, arg: Any, follow: _State) -> _State:
         if op in (_c.LITERAL, _c.NOT_LITERAL, _c.ANY, _c.IN):
             return self.new("char", _predicate(op, arg), [follow])
         if op is _c.SUBPATTERN:
@@ -139,7 +137,7 @@ class _Builder:
             return self.new("at_end", out=[follow])
         raise _refuse(self.pattern, f"uses {str(op).lower()}, which rules do not support")
 
-    def repeat(self, body: list, low: int, high: int, follow: _State) -> _State:
+    def repeat(self, body: list[tuple[Any, Any]], low: int, high: int, follow: _State) -> _State:
         if high == _c.MAXREPEAT:
             loop = self.new("split")
             loop.out = [self.sequence(body, loop), follow]
@@ -176,7 +174,9 @@ def _closure(states: list[_State], pos: int, end: int) -> list[_State]:
     return out
 
 
-def _predicate(op, arg) -> Predicate:
+def _predicate(op: object, arg: Any) -> Predicate:
+    """The character test of a one-character item; `arg` is the parser's operand for `op` (a
+    code point, or a class's list of (kind, value) items)."""
     if op is _c.LITERAL:
         return _equals(chr(arg))
     if op is _c.NOT_LITERAL:
@@ -184,14 +184,15 @@ def _predicate(op, arg) -> Predicate:
         return lambda ch: not same(ch)
     if op is _c.ANY:
         return lambda ch: ch != "\n"
-    tests, negate = [], False
+    tests: list[Predicate] = []
+    negate = False
     for kind, value in arg:
         if kind is _c.NEGATE:
             negate = True
         elif kind is _c.LITERAL:
             tests.append(_equals(chr(value)))
         elif kind is _c.RANGE:
-            tests.append(lambda ch, lo=value[0], hi=value[1]: lo <= ord(ch) <= hi)
+            tests.append(_in_range(*value))
         elif kind is _c.CATEGORY:
             tests.append(_CATEGORIES[value])
         else:
@@ -203,6 +204,10 @@ def _predicate(op, arg) -> Predicate:
 
 def _equals(char: str) -> Predicate:
     return lambda ch: ch == char
+
+
+def _in_range(lo: int, hi: int) -> Predicate:
+    return lambda ch: lo <= ord(ch) <= hi
 
 
 def _word(ch: str) -> bool:

@@ -25,7 +25,7 @@ from ..opset import lookup, op_name, opset_table
 from .grammar import BUILTIN_NAMES, bad_identifier, bad_program_name, bad_text
 from .plan import Plan
 from .program import Program, ProgramKind
-from .signature import Signature, TensorSpec
+from .signature import Signature, SignatureError, TensorSpec
 from .source import SourceLoc
 from .spmd import SpmdLayout
 from .symbolic import SizeExprError, parse_size
@@ -477,6 +477,8 @@ def _decode_signature(data: Json) -> Signature:
             raise malformed(f"signature output {spec['name']} aliases a name that {why}")
     try:
         return Signature.from_json(data)
+    except SignatureError as exc:  # a state input or gradient without its weight key
+        raise malformed(exc.what) from exc
     except ValueError as exc:  # an unknown input or output kind
         raise malformed(str(exc)) from exc
 

@@ -13,7 +13,22 @@ from typing import Any
 
 import torch
 
-__all__ = ["InputKind", "InputSpec", "OutputKind", "OutputSpec", "Signature", "TensorSpec"]
+from ..errors import VerifyError
+
+__all__ = [
+    "InputKind",
+    "InputSpec",
+    "OutputKind",
+    "OutputSpec",
+    "Signature",
+    "SignatureError",
+    "TensorSpec",
+]
+
+
+class SignatureError(VerifyError, ValueError):
+    """A signature entry lacks its weight key: a state input, gradient or updated value built
+    without `target`, or `key` read where there is none. Also a ValueError, as it always was."""
 
 
 class InputKind(enum.StrEnum):
@@ -80,8 +95,8 @@ def dtype_from_name(name: str) -> torch.dtype:
 @dataclasses.dataclass(frozen=True)
 class InputSpec:
     """`name` is the placeholder; `target` the weight key. Every state input (parameter,
-    buffer, constant, optimizer state) has one, checked at construction (`ValueError`); a user
-    input has none. Code that reads state inputs uses `key`, typed as present."""
+    buffer, constant, optimizer state) has one, checked at construction (`SignatureError`); a
+    user input has none. Code that reads state inputs uses `key`, typed as present."""
 
     name: str
     kind: InputKind
@@ -90,13 +105,19 @@ class InputSpec:
 
     def __post_init__(self) -> None:
         if self.kind in STATE_INPUTS and not isinstance(self.target, str):
-            raise ValueError(f"{self.kind.value} input {self.name!r} has no target (weight key)")
+            raise SignatureError(
+                f"{self.kind.value} input {self.name!r} has no target (weight key)",
+                fix="build every state input with target= the weight's key",
+            )
 
     @property
     def key(self) -> str:
-        """The weight key of a state input (its `target`); a user input has none."""
+        """The weight key of a state input (its `target`); SignatureError for a user input."""
         if self.target is None:
-            raise ValueError(f"{self.kind.value} input {self.name!r} has no weight key")
+            raise SignatureError(
+                f"{self.kind.value} input {self.name!r} has no weight key",
+                fix="read `key` of state inputs only (`Signature.state_inputs`)",
+            )
         return self.target
 
     def to_json(self) -> dict[str, Any]:
@@ -115,7 +136,7 @@ class InputSpec:
 @dataclasses.dataclass(frozen=True)
 class OutputSpec:
     """`target` names what the output is about (the parameter a gradient belongs to): every
-    gradient and updated value has one, checked at construction (`ValueError`), read as `key`;
+    gradient and updated value has one, checked at construction (`SignatureError`), read as `key`;
     `aliases` is the input placeholder an updated value replaces."""
 
     name: str
@@ -126,13 +147,20 @@ class OutputSpec:
 
     def __post_init__(self) -> None:
         if self.kind in TARGETED_OUTPUTS and not isinstance(self.target, str):
-            raise ValueError(f"{self.kind.value} output {self.name!r} has no target")
+            raise SignatureError(
+                f"{self.kind.value} output {self.name!r} has no target",
+                fix="build every gradient and updated value with target= its weight's key",
+            )
 
     @property
     def key(self) -> str:
-        """The weight key a gradient or updated value is about (its `target`)."""
+        """The weight key a gradient or updated value is about (its `target`); SignatureError
+        for an output that is about no weight."""
         if self.target is None:
-            raise ValueError(f"{self.kind.value} output {self.name!r} has no target")
+            raise SignatureError(
+                f"{self.kind.value} output {self.name!r} has no target",
+                fix=f"read `key` of {', '.join(k.value for k in TARGETED_OUTPUTS)} outputs only",
+            )
         return self.target
 
     def to_json(self) -> dict[str, Any]:

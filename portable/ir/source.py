@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any
 
 import torch.fx
@@ -40,8 +41,11 @@ class SourceLoc:
         return SourceLoc(**data) if data else None
 
 
-def from_fx_meta(meta: dict[str, Any], is_user_file, strip_prefix: str = "") -> SourceLoc | None:
-    """Build a SourceLoc from torch.export's `stack_trace` and `nn_module_stack` metadata."""
+def from_fx_meta(
+    meta: dict[str, Any], is_user_file: Callable[[str], bool], strip_prefix: str = ""
+) -> SourceLoc | None:
+    """Build a SourceLoc from torch.export's `stack_trace` and `nn_module_stack` metadata;
+    `is_user_file(path)` picks the frames of the user's code."""
     file = line = code = None
     frames = _FRAME.findall(meta.get("stack_trace") or "")
     user = [f for f in frames if is_user_file(f[0])]

@@ -18,19 +18,24 @@ from __future__ import annotations
 
 import dataclasses
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
-__all__ = ["MAX_EXPR", "SizeExpr", "SizeExprError", "parse_size"]
+if TYPE_CHECKING:
+    from torch import SymInt
+
+__all__ = ["MAX_EXPR", "DimBounds", "SizeExpr", "SizeExprError", "parse_size"]
 
 MAX_EXPR = 256  # characters
 _TOKEN = re.compile(r" *(?:(\d+)|([A-Za-z_][A-Za-z0-9_]*)|(//|[-+*%(),]))")
-_FUNCS = {
+# over ints, or SymInts (symbolic evaluation); Max/Min take the list of their arguments
+_FUNCS: dict[str, Callable[..., Any]] = {
     "Max": max,
     "Min": min,
     "Mod": lambda a, b: a % b,
     "FloorDiv": lambda a, b: a // b,
 }
-_BINARY = {
+_BINARY: dict[str, Callable[..., Any]] = {
     "+": lambda a, b: a + b,
     "-": lambda a, b: a - b,
     "*": lambda a, b: a * b,
@@ -39,9 +44,21 @@ _BINARY = {
 }
 _LIMIT = 1 << 62  # any intermediate beyond this is not a tensor size
 
+# a size: an int, or a SymInt when evaluated symbolically (the verifier's fake shapes)
+Size = TypeVar("Size", int, "SymInt")
+
 
 class SizeExprError(ValueError):
     """`text` is not a size expression of the grammar above."""
+
+
+class DimBounds(TypedDict, total=False):
+    """A declared dynamic dim's range, as `metadata["symbolic_dims"][symbol]` holds it: `min`
+    (default 0), `max` (None: unbounded) and the input dim it sizes (`"idx.shape[0]"`)."""
+
+    min: int
+    max: int | None
+    source: str
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,7 +72,7 @@ class SizeExpr:
     def free_symbols(self) -> frozenset[str]:
         return frozenset(_symbols(self.tree))
 
-    def evaluate(self, bindings: Mapping[str, int]) -> int:
+    def evaluate(self, bindings: Mapping[str, Size]) -> Size:
         """The value for `bindings` (symbol -> int, or SymInt for symbolic evaluation);
         SizeExprError on an unbound symbol, a division by zero or a value beyond 2**62."""
         return _evaluate(self.tree, bindings)
@@ -140,7 +157,7 @@ class _Parser:
         raise SizeExprError(f"unexpected {token!r}")
 
 
-def _symbols(tree: tuple):
+def _symbols(tree: tuple) -> Iterator[str]:
     if tree[0] == "sym":
         yield tree[1]
     elif tree[0] != "int":
@@ -148,7 +165,7 @@ def _symbols(tree: tuple):
             yield from _symbols(child)
 
 
-def _evaluate(tree: tuple, bindings: Mapping[str, int]) -> int:
+def _evaluate(tree: tuple, bindings: Mapping[str, Size]) -> Size:
     head = tree[0]
     if head == "int":
         value = tree[1]

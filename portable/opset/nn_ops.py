@@ -60,7 +60,12 @@ define(
 
 
 def attention_scores_mask(
-    mask: torch.Tensor | None, is_causal: bool, lq: int, lk: int, dtype: torch.dtype, device
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    lq: int,
+    lk: int,
+    dtype: torch.dtype,
+    device: torch.device,
 ) -> torch.Tensor | None:
     """The additive mask (0 / -inf, or the user's float mask) applied to the scores.
 
@@ -86,7 +91,14 @@ def _expand_kv(q: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
     return t if hq == hk else t.repeat_interleave(hq // hk, dim=-3)
 
 
-def attention_reference(q, k, v, mask=None, is_causal=False, scale=None):
+def attention_reference(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
     """softmax(q @ k^T * scale + mask) @ v in the inputs' dtype, GQA by head repetition."""
     if mask is not None and is_causal:
         combined = attention_scores_mask(mask, True, q.shape[-2], k.shape[-2], q.dtype, q.device)
@@ -112,43 +124,74 @@ def attention_reference(q, k, v, mask=None, is_causal=False, scale=None):
 # kernels (cuda) restride their result to `attention_strides`.
 
 
-def _on_cpu(t: torch.Tensor | None) -> torch.Tensor | None:
-    """A tensor with t's shape, strides and dtype on the CPU: a fake one under a fake mode."""
-    if t is None:
-        return None
-    return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="cpu")
+# a tensor's shape, strides and dtype
+_Layout = tuple[tuple[int, ...], tuple[int, ...], torch.dtype]
 
 
-def _cpu_layout(q, k, v, mask, is_causal, scale) -> torch.Tensor:
-    return attention_reference(*map(_on_cpu, (q, k, v, mask)), is_causal, scale)
+def _layout(t: torch.Tensor) -> _Layout:
+    return (tuple(t.shape), tuple(t.stride()), t.dtype)
+
+
+def _on_cpu(layout: _Layout) -> torch.Tensor:
+    """A tensor of `layout` on the CPU: a fake one under a fake mode."""
+    shape, strides, dtype = layout
+    return torch.empty_strided(shape, strides, dtype=dtype, device="cpu")
+
+
+def _cpu_layout(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None,
+    is_causal: bool,
+    scale: float | None,
+) -> torch.Tensor:
+    cpu_q, cpu_k, cpu_v = (_on_cpu(_layout(t)) for t in (q, k, v))
+    cpu_mask = None if mask is None else _on_cpu(_layout(mask))
+    return attention_reference(cpu_q, cpu_k, cpu_v, cpu_mask, is_causal, scale)
 
 
 @functools.lru_cache(maxsize=256)
-def _strides_of(key: tuple) -> tuple[int, ...]:
-    metas, is_causal, scale = key
+def _strides_of(
+    q: _Layout,
+    k: _Layout,
+    v: _Layout,
+    mask: _Layout | None,
+    is_causal: bool,
+    scale: float | None,
+) -> tuple[int, ...]:
     with FakeTensorMode():
-        fakes = [
-            None if m is None else torch.empty_strided(m[0], m[1], dtype=m[2], device="cpu")
-            for m in metas
-        ]
-        return tuple(_cpu_layout(*fakes, is_causal, scale).stride())
+        fake_q, fake_k, fake_v = _on_cpu(q), _on_cpu(k), _on_cpu(v)
+        fake_mask = None if mask is None else _on_cpu(mask)
+        return tuple(_cpu_layout(fake_q, fake_k, fake_v, fake_mask, is_causal, scale).stride())
 
 
-def _meta_key(t: torch.Tensor | None) -> tuple | None:
-    return None if t is None else (tuple(t.shape), tuple(t.stride()), t.dtype)
-
-
-def attention_strides(q, k, v, mask=None, is_causal=False, scale=None) -> tuple[int, ...]:
+def attention_strides(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> tuple[int, ...]:
     """The strides of `portable::attention`'s output for these (real or fake) inputs: those of
     PyTorch's SDPA on CPU (see above), computed on fake tensors (nothing is allocated)."""
     if isinstance(q, FakeTensor):  # symbolic sizes stay symbolic in q's own fake mode
         with q.fake_mode:
             return tuple(_cpu_layout(q, k, v, mask, is_causal, scale).stride())
-    key = (tuple(map(_meta_key, (q, k, v, mask))), bool(is_causal), scale)
-    return _strides_of(key)
+    mask_layout = None if mask is None else _layout(mask)
+    return _strides_of(_layout(q), _layout(k), _layout(v), mask_layout, bool(is_causal), scale)
 
 
-def with_attention_layout(out: torch.Tensor, q, k, v, mask=None, is_causal=False, scale=None):
+def with_attention_layout(
+    out: torch.Tensor,
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    mask: torch.Tensor | None = None,
+    is_causal: bool = False,
+    scale: float | None = None,
+) -> torch.Tensor:
     """`out` (attention's result computed elsewhere) in attention's output layout."""
     strides = attention_strides(q, k, v, mask, is_causal, scale)
     if tuple(out.stride()) == strides:
@@ -301,10 +344,6 @@ torch.library.register_autograd(
 
 
 # --------------------------------------------------------------------------- norms
-
-
-def _norm_dims(x: torch.Tensor, normalized_shape) -> list[int]:
-    return list(range(x.dim() - len(normalized_shape), x.dim()))
 
 
 @torch.library.register_kernel("portable::rms_norm", ("cpu", "cuda"))

@@ -542,12 +542,12 @@ def ops_with(*traits: str) -> frozenset:
     return frozenset(table[name].overload for t in traits for name in TRAITS[t])
 
 
-def has_trait(target, trait: str) -> bool:
+def has_trait(target: object, trait: str) -> bool:
     """Whether the op a node target names carries `trait` (False for targets outside the opset)."""
     return target in ops_with(trait)
 
 
-def op_name(target) -> str:
+def op_name(target: object) -> str:
     """`aten.add.Tensor` for torch.ops.aten.add.Tensor, `sym.mul` for operator.mul on sizes; the
     qualified name for other callables."""
     if target in _SYMBOLIC_NAMES:
@@ -559,7 +559,7 @@ def op_name(target) -> str:
     return getattr(target, "__qualname__", None) or str(target)
 
 
-def lookup(target) -> OpDef | None:
+def lookup(target: object) -> OpDef | None:
     """The opset entry for a node target, or None if the op is not in the opset."""
     if target in _SYMBOLIC_NAMES:
         return opset_table()[_SYMBOLIC_NAMES[target]]

@@ -33,6 +33,7 @@ from torch.fx import Node
 
 from ..ir.program import Program, ProgramKind
 from ..ir.signature import OutputKind, OutputSpec, Signature
+from ..opset import bind
 from ..runtime import Executable
 from .compare import ParityRow, compare
 from .runs import Reference
@@ -61,7 +62,7 @@ def observed(program: Program) -> Program:
     kind = OutputKind.UPDATED_STATE if training else OutputKind.OUTPUT
     for q in _quantizers(graph):
         codes, scales = _results(q)
-        for part, node in zip(PARTS, (typing.cast(Node, q.args[0]), codes, scales), strict=True):
+        for part, node in zip(PARTS, (bind(q).node("x"), codes, scales), strict=True):
             name = _name(q.name, part)
             specs.append(OutputSpec(name, kind, node.meta["tensor"], name if training else None))
             values.append(node)
@@ -148,8 +149,9 @@ class _Interpreter(torch.fx.Interpreter):
 
 def _quantize(q: Node, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """The node's own quantizer (its cpu kernel: `portable.mx`) applied to `x`."""
-    args = (x.cpu(), *q.args[1:])
-    return typing.cast(tuple, QUANTIZE(*args, **q.kwargs))
+    b = bind(q)
+    codes, scales = QUANTIZE(x.cpu(), **{name: b.literal(name) for name in b if name != "x"})
+    return codes, scales
 
 
 def _quantizers(graph: torch.fx.Graph) -> Iterator[Node]:
@@ -160,8 +162,9 @@ def _results(q: Node) -> tuple[Node, Node]:
     """The `getitem` nodes of q's codes and scales (created when a result has none)."""
     found: dict[int, Node] = {}
     for user in q.users:
-        if user.target is operator.getitem and user.args[1] in (0, 1):
-            found.setdefault(typing.cast(int, user.args[1]), user)
+        index = bind(user).literal("index") if user.target is operator.getitem else None
+        if index in (0, 1):
+            found.setdefault(index, user)
     specs = q.meta["tensor"]
     for index in (0, 1):
         if index not in found:

@@ -17,6 +17,7 @@ import torch
 
 from ..backends import Target, get_backend
 from ..capture import capture, capture_spec, spec_of
+from ..capture.decorator import Inputs
 from ..errors import BackendError, CaptureError, InputError
 from ..ir.program import Program, ProgramKind
 from ..runtime import Executable
@@ -30,26 +31,40 @@ from .tolerance import ATOL, RTOL
 
 __all__ = ["ParityReport", "ParityRow", "assert_parity", "check_parity", "compare"]
 
+LossFn = Callable[..., torch.Tensor]
 
-def _as_program(model_or_program, inputs) -> tuple[Program, tuple, torch.nn.Module | None]:
+
+def _as_program(
+    model_or_program: object, inputs: Sequence[torch.Tensor] | None
+) -> tuple[Program, Inputs, torch.nn.Module | None]:
     """The program, its inputs, and the eager model to compare with (when there is one)."""
     if isinstance(model_or_program, Program):
-        return model_or_program, tuple(inputs), None
+        return model_or_program, _given(inputs, model_or_program), None
     spec = spec_of(model_or_program)
     if spec is not None:
         model = spec.build()
         program = capture_spec(spec, model=model)
         return program, tuple(inputs) if inputs is not None else spec.inputs(), model
     if isinstance(model_or_program, torch.nn.Module):
-        return capture(model_or_program, tuple(inputs)), tuple(inputs), model_or_program
+        given = _given(inputs, model_or_program)
+        return capture(model_or_program, given), given, model_or_program
     raise CaptureError(
         f"assert_parity takes a Program, an nn.Module or a @portable model, got {type(model_or_program).__name__}",
         fix="capture it first with portable.capture(...)",
     )
 
 
+def _given(inputs: Sequence[torch.Tensor] | None, of: object) -> Inputs:
+    if inputs is None:
+        raise InputError(
+            f"parity needs the inputs of a {type(of).__name__}",
+            fix="pass inputs=(...); only a @portable model has example inputs of its own",
+        )
+    return tuple(inputs)
+
+
 def check_parity(
-    model_or_program,
+    model_or_program: object,
     inputs: Sequence[torch.Tensor] | None = None,
     *,
     backends: Sequence[str],
@@ -59,7 +74,7 @@ def check_parity(
     reference: str = "cpu",
     skip_unavailable: bool = False,
     eager_model: torch.nn.Module | None = None,
-    loss_fn=None,
+    loss_fn: LossFn | None = None,
 ) -> ParityReport:
     """Compare each backend against `reference` under the tolerance policy (`tolerance.py`):
     elementwise within atol + rtol * |want| + the rounding allowance the reference measures on
@@ -75,7 +90,8 @@ def check_parity(
     steps = steps if program.kind is ProgramKind.TRAINING_STEP else 1
     targets = [b for b in backends if b != reference] or [reference]  # alone: determinism
     runnable, skipped = _runnable(targets, skip_unavailable)  # before anything runs
-    rows, allowance = [], []
+    rows: list[ParityRow] = []
+    allowance: list[str] = []
     if eager_model is not None:
         rows, how = _eager_rows(program, eager_model, loss_fn, inputs, steps, reference, rtol, atol)
         allowance.append(f"eager: {how}")
@@ -113,7 +129,8 @@ def _runnable(
 ) -> tuple[list[str], list[tuple[str, str]]]:
     """The backends that run here, and (backend, why) for the others (BackendError unless
     `skip_unavailable`)."""
-    runnable, skipped = [], []
+    runnable: list[str] = []
+    skipped: list[tuple[str, str]] = []
     for backend in backends:
         ok, why = get_backend(Target.parse(backend).backend).can_execute_here()
         if ok:
@@ -147,7 +164,7 @@ def _pairs(program: Program, reference: str) -> Callable[[str], tuple[Executable
 def _eager_rows(
     program: Program,
     model: torch.nn.Module,
-    loss_fn,
+    loss_fn: LossFn | None,
     inputs: Sequence[torch.Tensor],
     steps: int,
     reference: str,
@@ -168,8 +185,8 @@ def _eager_rows(
 
 
 def assert_parity(
-    model_or_program,
-    inputs=None,
+    model_or_program: object,
+    inputs: Sequence[torch.Tensor] | None = None,
     *,
     backends: Sequence[str],
     rtol: float = RTOL,
@@ -177,7 +194,7 @@ def assert_parity(
     steps: int = 1,
     reference: str = "cpu",
     eager_model: torch.nn.Module | None = None,
-    loss_fn=None,
+    loss_fn: LossFn | None = None,
 ) -> ParityReport:
     """check_parity, raising AssertionError with the readable report on any mismatch."""
     report = check_parity(

@@ -114,7 +114,9 @@ class _Trajectory:
         return {**losses, **{f"state {k}": v for k, v in self.state.items()}}
 
 
-def _outputs(program: Program, result) -> dict[str, torch.Tensor]:
+def _outputs(
+    program: Program, result: torch.Tensor | tuple[torch.Tensor, ...]
+) -> dict[str, torch.Tensor]:
     outs = result if isinstance(result, tuple) else (result,)
     names = [o.name for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
     return {f"output {n}": t for n, t in zip(names, outs, strict=True)}
@@ -123,4 +125,4 @@ def _outputs(program: Program, result) -> dict[str, torch.Tensor]:
 def _trained(program: Program) -> list[str]:
     """State keys of the parameters the optimizer updates."""
     outputs = program.signature.outputs
-    return [o.target for o in outputs if o.kind is OutputKind.UPDATED_PARAMETER and o.target]
+    return [o.key for o in outputs if o.kind is OutputKind.UPDATED_PARAMETER]

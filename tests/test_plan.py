@@ -28,6 +28,14 @@ def test_validation_shows_the_arithmetic():
     assert "tp(3) does not divide fc.weight dim 0 (8): 8 % 3 = 2" in str(info.value)
 
 
+def test_a_dynamic_dim_is_not_sharded():
+    # a captured program's dynamic dims are size expressions ("s0"); only static dims divide
+    plan = Plan(Mesh({"dp": 2}), specs=(("x", PartitionSpec("dp", None)),))
+    plan.validate({"x": (4, "s0")})
+    with pytest.raises(PlanError, match=r"dp\(2\) shards x dim 0, which is dynamic \(s0\)"):
+        plan.validate({"x": ("s0", 4)})
+
+
 def test_rules_match_by_regex_and_must_match_something():
     rule = ShardingRule(r"blocks\.\d+\.mlp\.fc\.weight", PartitionSpec("tp", None))
     plan = Plan(Mesh({"tp": 2}), rules=(rule,))

@@ -14,16 +14,17 @@ Pipeline (each stage in its own module):
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
-from torch.export.exported_program import _decompose_exported_program
+from torch.export.exported_program import ExportedProgram, _decompose_exported_program
 
 from ..errors import CaptureError, PortableError, VerifyError
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
-from ..ir.source import from_fx_meta
+from ..ir.source import SourceLoc, from_fx_meta
+from ..opset.bind import bind
 from ..optim import AdamW, as_optimizer
 from ..torch_compat import quiet_internal_warnings
 from ..verify import verify
@@ -54,7 +55,7 @@ class _LossStep(torch.nn.Module):
         self.model = model
         self.loss_fn = loss_fn
 
-    def forward(self, *batch, **kwargs):
+    def forward(self, *batch: Any, **kwargs: Any) -> torch.Tensor:
         return self.loss_fn(self.model, *batch, **kwargs)
 
 
@@ -102,7 +103,16 @@ def capture(
     return program
 
 
-def _capture(model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options) -> Program:
+def _capture(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    loss_fn: Callable[..., torch.Tensor] | None,
+    optimizer: Any,
+    dynamic_shapes: Any,
+    name: str,
+    options: dict[str, Any],
+) -> Program:
     if loss_fn is None:
         if optimizer is not None:
             raise CaptureError(
@@ -166,12 +176,12 @@ def _spec(obj: Any) -> ModelSpec:
     return spec
 
 
-def _default_optimizer():
+def _default_optimizer() -> AdamW:
     return AdamW()
 
 
 @contextlib.contextmanager
-def _mode(model: torch.nn.Module, *, training: bool):
+def _mode(model: torch.nn.Module, *, training: bool) -> Iterator[None]:
     """Set train/eval for capture; restore each submodule's mode afterwards."""
     modes = {m: m.training for m in model.modules()}
     model.train(training)
@@ -182,7 +192,13 @@ def _mode(model: torch.nn.Module, *, training: bool):
             m.training = mode
 
 
-def _export(module, args, kwargs, dynamic_shapes, phase: str):
+def _export(
+    module: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    phase: str,
+) -> ExportedProgram:
     try:
         with without_partial_graph():
             return torch.export.export(
@@ -194,8 +210,8 @@ def _export(module, args, kwargs, dynamic_shapes, phase: str):
         raise diagnose(exc, phase=phase) from exc
 
 
-def _portable_ops(ep, strip_prefix: str) -> None:
-    def source_of(node):
+def _portable_ops(ep: ExportedProgram, strip_prefix: str) -> None:
+    def source_of(node: torch.fx.Node) -> SourceLoc | None:
         return from_fx_meta(node.meta, is_user_file, strip_prefix)
 
     refuse_known_ops(ep.graph_module, source_of)
@@ -205,7 +221,7 @@ def _portable_ops(ep, strip_prefix: str) -> None:
             rewrite_to_portable_ops(gm, source_of)
 
 
-def _untie(ep, strip_prefix: str):
+def _untie(ep: ExportedProgram, strip_prefix: str) -> tuple[ExportedProgram, dict[str, str]]:
     """Merge tied parameters (one tensor under several names, e.g. a GPT's embedding and LM
     head) into one input: the name the graph uses is kept, the others recorded as its aliases.
     Returns the new ExportedProgram and {dropped name: kept name}."""
@@ -239,7 +255,14 @@ def _untie(ep, strip_prefix: str):
     return ep._update(ep.graph_module, new_sig), tied
 
 
-def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Program:
+def _capture_inference(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    name: str,
+    options: dict[str, Any],
+) -> Program:
     ep = _export(model, args, kwargs, dynamic_shapes, "exporting the forward")
     refuse_autocast(ep.graph_module)
     ep, tied = _untie(ep, "")
@@ -254,7 +277,15 @@ def _capture_inference(model, args, kwargs, dynamic_shapes, name, options) -> Pr
     return program
 
 
-def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options) -> Program:
+def _capture_training(
+    model: torch.nn.Module,
+    loss_fn: Callable[..., torch.Tensor],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    dynamic_shapes: Any,
+    name: str,
+    options: dict[str, Any],
+) -> Program:
     step = _LossStep(model, loss_fn)
     ep = _export(step, args, kwargs, dynamic_shapes, "exporting the loss")
     refuse_autocast(ep.graph_module, _WRAPPER_PREFIX)
@@ -287,7 +318,7 @@ def _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, option
     return program
 
 
-def _check_scalar_loss(ep) -> None:
+def _check_scalar_loss(ep: ExportedProgram) -> None:
     outs = [s for s in ep.graph_signature.output_specs if s.kind.name == "USER_OUTPUT"]
     vals = [n.meta.get("val") for n in ep.graph_module.graph.output_node().args[0]][-len(outs) :]
     if len(outs) != 1 or not isinstance(vals[0], torch.Tensor) or vals[0].dim() != 0:
@@ -314,7 +345,7 @@ def _normalize(gm: torch.fx.GraphModule) -> None:
         if node.op != "call_function":
             continue
         if node.target in _IDENTITIES:
-            node.replace_all_uses_with(node.args[0])
+            node.replace_all_uses_with(bind(node).node("self"))
             gm.graph.erase_node(node)
         elif node.target in _RUNTIME_ASSERTS and not node.users:
             gm.graph.erase_node(node)

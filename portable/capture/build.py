@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import torch
@@ -17,6 +18,9 @@ from torch.export.graph_signature import (
 )
 from torch.export.graph_signature import (
     OutputKind as EOutputKind,
+)
+from torch.export.graph_signature import (
+    OutputSpec as EOutputSpec,
 )
 
 from ..errors import CaptureError
@@ -165,13 +169,20 @@ def symbolic_dims(ep: torch.export.ExportedProgram, inputs: list[InputSpec]) -> 
     return out
 
 
-def _output_spec(arg, spec, target, by_target, user_names) -> OutputSpec:
+def _output_spec(
+    arg: torch.fx.Node,
+    spec: EOutputSpec,
+    target: str | None,
+    by_target: dict[str, str],
+    user_names: Iterator[str],
+) -> OutputSpec:
     meta = arg.meta["tensor"]
     if spec.kind == EOutputKind.USER_OUTPUT:
         return OutputSpec(next(user_names), OutputKind.OUTPUT, meta)
     if spec.kind == EOutputKind.LOSS_OUTPUT:
         return OutputSpec("loss", OutputKind.LOSS, meta)
     if spec.kind == EOutputKind.BUFFER_MUTATION:
+        assert target is not None, "torch.export names the buffer a mutation updates"
         return OutputSpec(
             f"{target}.updated", OutputKind.UPDATED_STATE, meta, target, by_target[target]
         )

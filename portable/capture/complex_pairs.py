@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 import torch.fx
-from torch.export.graph_signature import InputKind
+from torch.export.graph_signature import InputKind, InputSpec
 
 from ..errors import CaptureError
 from ..ir.source import SourceLoc
@@ -59,7 +59,7 @@ class _Emit:
     def __init__(self, graph: torch.fx.Graph, at: torch.fx.Node) -> None:
         self.graph, self.at = graph, at
 
-    def __call__(self, target, *args: Any, **kwargs: Any) -> torch.fx.Node:
+    def __call__(self, target: torch._ops.OpOverload, *args: Any, **kwargs: Any) -> torch.fx.Node:
         with self.graph.inserting_before(self.at):
             node = self.graph.call_function(target, args, kwargs)
         values, kw = torch.fx.node.map_arg((args, kwargs), lambda n: n.meta["val"])
@@ -79,17 +79,21 @@ def _dim(dim: int, rank: int) -> int:
     return dim + rank if dim < 0 else dim
 
 
-def _again(emit: _Emit, node: torch.fx.Node, pair, **changes: Any) -> torch.fx.Node:
+def _again(
+    emit: _Emit, node: torch.fx.Node, pair: Callable[[Any], Any], **changes: Any
+) -> torch.fx.Node:
     """`node`'s op once more, on the pairs of its tensor arguments, with `changes` by name."""
+    target = node.target
+    assert isinstance(target, torch._ops.OpOverload), "RULES holds op overloads only"
     values = {**_arguments(node), **changes}
     args, kwargs = [], {}
-    for arg in node.target._schema.arguments:
+    for arg in target._schema.arguments:
         value = torch.fx.node.map_aggregate(values[arg.name], pair)
         if arg.kwarg_only:
             kwargs[arg.name] = value
         else:
             args.append(value)
-    return emit(node.target, *args, **kwargs)
+    return emit(target, *args, **kwargs)
 
 
 # -- rules: (emit, node, pair-of) -> the replacement node ------------------------------------
@@ -304,7 +308,9 @@ def lower_complex(
     return len(rewritten)
 
 
-def _apply_rule(graph: torch.fx.Graph, node: torch.fx.Node, pair) -> torch.fx.Node | None:
+def _apply_rule(
+    graph: torch.fx.Graph, node: torch.fx.Node, pair: Callable[[Any], Any]
+) -> torch.fx.Node | None:
     """The replacement of `node` (None: dropped); _Unsupported when no rule takes it."""
     rule = RULES.get(node.target)
     new = rule(_Emit(graph, node), node, pair) if rule is not None else None
@@ -334,7 +340,7 @@ def _pair_state(ep: torch.export.ExportedProgram) -> None:
         node.meta.pop("tensor_meta", None)
 
 
-def _refused_input(node: torch.fx.Node, spec) -> CaptureError:
+def _refused_input(node: torch.fx.Node, spec: InputSpec) -> CaptureError:
     if spec.kind == InputKind.USER_INPUT:
         what = f"input {node.name} is complex"
         fix = (
@@ -352,7 +358,11 @@ def _refused_input(node: torch.fx.Node, spec) -> CaptureError:
     )
 
 
-def _refused(node: torch.fx.Node, what: str | None, source_of) -> CaptureError:
+def _refused(
+    node: torch.fx.Node,
+    what: str | None,
+    source_of: Callable[[torch.fx.Node], SourceLoc | None],
+) -> CaptureError:
     """The CaptureError for a complex op no rule takes (`what` None: a complex output)."""
     if what is None:
         return CaptureError(

@@ -3,6 +3,9 @@ decompositions of ops real models use that core ATen keeps (`aten.copy`)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 from torch._decomp import core_aten_decompositions
 
@@ -24,7 +27,7 @@ def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
 _EXTRA = {aten.copy.default: _copy}
 
 
-def decompositions(python_only: bool):
+def decompositions(python_only: bool) -> dict[torch._ops.OperatorBase, Callable[..., Any]]:
     """Core ATen decompositions, minus every op the opset keeps whole (silu, gelu_backward,
     the losses, ...): their decompositions round differently from the eager kernels, and a
     captured program must match eager PyTorch bit for bit on `cpu`. Plus `_EXTRA`. A plain dict

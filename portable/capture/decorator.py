@@ -78,7 +78,9 @@ class ModelSpec:
     def batch(self) -> Inputs:
         return self._seeded(self.example_batch, "example_batch", offset=2)
 
-    def _seeded(self, value, field: str, offset: int) -> Inputs:
+    def _seeded(
+        self, value: Callable[[], Inputs] | Inputs | None, field: str, offset: int
+    ) -> Inputs:
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(self.seed + offset)
             out = self._call(
@@ -121,7 +123,7 @@ def portable(
     dynamic_shapes: Any = None,
     name: str | None = None,
     seed: int = 0,
-):
+) -> Any:  # the decorated object itself, or (called with options only) the decorator
     """Mark an `nn.Module` class (constructible with no arguments) or a zero-argument factory
     as a portable model. Usable bare (`@portable`) or with arguments (`@portable(...)`)."""
 

@@ -109,6 +109,7 @@ def hf_experts(model: torch.nn.Module) -> list[Finding]:
         if not (
             type(module).__module__.startswith("transformers.")
             and hasattr(module, "_is_expert_parallel")
+            and config is not None
             and hasattr(config, "_experts_implementation")
         ):
             continue

@@ -7,6 +7,7 @@ The portable ops carry autograd formulas, so the joint (training) graph gets the
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import torch.fx
@@ -15,26 +16,28 @@ from torch.fx.experimental.symbolic_shapes import (
     statically_known_true,
     sym_eq,
 )
+from torch.fx.node import Argument
 
 from ..errors import CaptureError
 from ..ir.source import SourceLoc
+from ..opset.bind import bind
 from ..opset.nn_ops import attention_strides
 
 aten = torch.ops.aten
 portable_ops = torch.ops.portable
 
+# A rule's result: the portable op, its positional arguments and its keyword arguments.
+Rewrite = tuple[torch._ops.OpOverload, tuple[Argument, ...], dict[str, Argument]]
 
-def _sdpa(node: torch.fx.Node, src: SourceLoc | None):
+
+def _sdpa(node: torch.fx.Node, src: SourceLoc | None) -> Rewrite:
     # aten.scaled_dot_product_attention(q, k, v, attn_mask=None, dropout_p=0.0, is_causal=False,
     #                                   scale=None, enable_gqa=False)
-    names = ("query", "key", "value", "attn_mask", "dropout_p", "is_causal", "scale", "enable_gqa")
-    defaults = (None, None, None, None, 0.0, False, None, False)
-    values = dict(zip(names, defaults, strict=True))
-    values.update(zip(names, node.args, strict=False))
-    values.update(node.kwargs)
-    if values["dropout_p"] not in (0, 0.0):
+    b = bind(node)
+    dropout = b.literal("dropout_p")
+    if dropout not in (0, 0.0):
         raise CaptureError(
-            f"attention dropout (dropout_p={values['dropout_p']}) is random and cannot be compared "
+            f"attention dropout (dropout_p={dropout}) is random and cannot be compared "
             "across backends",
             op="aten.scaled_dot_product_attention",
             module=src.module if src else None,
@@ -42,41 +45,51 @@ def _sdpa(node: torch.fx.Node, src: SourceLoc | None):
             fix="capture with dropout_p=0.0 (model.eval() for inference, or set attention dropout to 0)",
         )
     args = (
-        values["query"],
-        values["key"],
-        values["value"],
-        values["attn_mask"],
-        bool(values["is_causal"]),
-        values["scale"],
+        b.node("query"),
+        b.node("key"),
+        b.node("value"),
+        b.optional_node("attn_mask"),
+        bool(b.literal("is_causal")),
+        b.get("scale"),  # a float, or a node when computed from a dynamic size
     )
     return portable_ops.attention.default, args, {}
 
 
-def _layer_norm(node: torch.fx.Node, src):
+def _layer_norm(node: torch.fx.Node, src: SourceLoc | None) -> Rewrite:
     # aten.layer_norm(input, normalized_shape, weight=None, bias=None, eps=1e-5, cudnn_enable=True)
-    a = list(node.args) + [None] * (6 - len(node.args))
-    eps = node.kwargs.get("eps", a[4] if a[4] is not None else 1e-5)
-    weight = node.kwargs.get("weight", a[2])
-    bias = node.kwargs.get("bias", a[3])
-    return portable_ops.layer_norm.default, (a[0], list(a[1]), weight, bias, float(eps)), {}
+    b = bind(node)
+    args = (
+        b.node("input"),
+        list(b.literal("normalized_shape")),
+        b.optional_node("weight"),
+        b.optional_node("bias"),
+        float(b.literal("eps")),
+    )
+    return portable_ops.layer_norm.default, args, {}
 
 
-def _rms_norm(node: torch.fx.Node, src):
+def _rms_norm(node: torch.fx.Node, src: SourceLoc | None) -> Rewrite:
     # aten.rms_norm(input, normalized_shape, weight=None, eps=None)
-    a = list(node.args) + [None] * (4 - len(node.args))
-    weight = node.kwargs.get("weight", a[2])
-    eps = node.kwargs.get("eps", a[3])
-    return portable_ops.rms_norm.default, (a[0], list(a[1]), weight, eps), {}
+    b = bind(node)
+    args = (
+        b.node("input"),
+        list(b.literal("normalized_shape")),
+        b.optional_node("weight"),
+        b.get("eps"),
+    )
+    return portable_ops.rms_norm.default, args, {}
 
 
-REWRITES: dict[object, Callable] = {
+REWRITES: dict[object, Callable[[torch.fx.Node, SourceLoc | None], Rewrite]] = {
     aten.scaled_dot_product_attention.default: _sdpa,
     aten.layer_norm.default: _layer_norm,
     aten.rms_norm.default: _rms_norm,
 }
 
 
-def rewrite_to_portable_ops(gm: torch.fx.GraphModule, source_of) -> int:
+def rewrite_to_portable_ops(
+    gm: torch.fx.GraphModule, source_of: Callable[[torch.fx.Node], SourceLoc | None]
+) -> int:
     """Replace each REWRITES op in `gm` in place; returns the number of nodes rewritten."""
     count = 0
     for node in list(gm.graph.nodes):
@@ -97,7 +110,9 @@ def rewrite_to_portable_ops(gm: torch.fx.GraphModule, source_of) -> int:
     return count
 
 
-def _keep_traced_layout(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node):
+def _keep_traced_layout(
+    graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx.Node
+) -> torch.fx.Node:
     """`new` in the layout torch.export traced for `old`, which later views may rely on.
 
     Only attention can differ: its layout is that of SDPA on CPU for inputs that do not require
@@ -107,8 +122,12 @@ def _keep_traced_layout(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx
     traced = old.meta.get("val")
     if new.target is not portable_ops.attention.default or not isinstance(traced, torch.Tensor):
         return new
-    vals = [a.meta.get("val") if isinstance(a, torch.fx.Node) else a for a in new.args]
-    if _same_strides(attention_strides(*vals), traced.stride()):
+    # the fake values of attention's arguments, by its schema names (attention_strides's too)
+    vals: dict[str, Any] = {
+        name: value.meta.get("val") if isinstance(value, torch.fx.Node) else value
+        for name, value in bind(new).items()
+    }
+    if _same_strides(attention_strides(**vals), traced.stride()):
         return new
     order = _dim_order(traced)
     in_order = order == sorted(order)
@@ -118,7 +137,13 @@ def _keep_traced_layout(graph: torch.fx.Graph, old: torch.fx.Node, new: torch.fx
     return x if in_order else _call(graph, aten.permute.default, x, inverse)
 
 
-def _call(graph: torch.fx.Graph, target, x: torch.fx.Node, *args, **kwargs) -> torch.fx.Node:
+def _call(
+    graph: torch.fx.Graph,
+    target: torch._ops.OpOverload,
+    x: torch.fx.Node,
+    *args: Argument,
+    **kwargs: Argument,
+) -> torch.fx.Node:
     """target(x, *args, **kwargs) at the insertion point, with x's meta but no fake value (the
     decomposition that follows retraces)."""
     node = graph.call_function(target, (x, *args), kwargs)

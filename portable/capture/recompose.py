@@ -8,49 +8,66 @@ back into the kernel keeps `cpu` execution of a training step equal to eager PyT
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import torch.fx
+from torch.fx.node import Argument
+
+from ..opset.bind import bind
 
 aten = torch.ops.aten
 
-
-def _is(node, target) -> bool:
-    return isinstance(node, torch.fx.Node) and node.op == "call_function" and node.target is target
-
-
-def _ones_like(node) -> bool:
-    return _is(node, aten.full_like.default) and node.args[1] == 1
+# A match: the fused kernel and its arguments, to call in place of the matched node.
+Match = tuple[torch._ops.OpOverload, tuple[Argument, ...]]
 
 
-def _silu_backward(node: torch.fx.Node):
+def _call(value: object, target: torch._ops.OpOverload) -> torch.fx.Node | None:
+    """`value` when it is a call of `target`, else None."""
+    if isinstance(value, torch.fx.Node) and value.op == "call_function" and value.target is target:
+        return value
+    return None
+
+
+def _ones_like(value: object) -> bool:
+    full = _call(value, aten.full_like.default)
+    return full is not None and bind(full).get("fill_value") == 1
+
+
+def _silu_backward(node: torch.fx.Node) -> Match | None:
     # grad * (sigmoid(x) * ((x * (1 - sigmoid(x))) + 1))  ->  silu_backward(grad, x)
     # (ATen's math_silu_backward, with 1 - s written as full_like(s', 1) - s)
-    if not _is(node, aten.mul.Tensor):
+    if _call(node, aten.mul.Tensor) is None:
         return None
-    for grad, rest in (node.args, reversed(node.args)):
-        if not _is(rest, aten.mul.Tensor):
+    b = bind(node)
+    factors = (b.get("self"), b.get("other"))
+    for grad, rest in (factors, factors[::-1]):
+        rest_mul = _call(rest, aten.mul.Tensor)
+        if rest_mul is None:
             continue
-        sig, inner = rest.args
-        if not (
-            _is(sig, aten.sigmoid.default) and _is(inner, aten.add.Scalar) and inner.args[1] == 1
-        ):
+        r = bind(rest_mul)
+        sig = _call(r.get("self"), aten.sigmoid.default)
+        inner = _call(r.get("other"), aten.add.Scalar)
+        if sig is None or inner is None:
             continue
-        prod = inner.args[0]
-        if not _is(prod, aten.mul.Tensor):
+        i = bind(inner)
+        if i.get("other") != 1:
             continue
-        x, one_minus = prod.args
-        if not (
-            _is(one_minus, aten.sub.Tensor)
-            and _ones_like(one_minus.args[0])
-            and one_minus.args[1] is sig
-            and sig.args[0] is x
-        ):
+        prod = _call(i.get("self"), aten.mul.Tensor)
+        if prod is None:
+            continue
+        p = bind(prod)
+        x, one_minus = p.get("self"), _call(p.get("other"), aten.sub.Tensor)
+        if one_minus is None:
+            continue
+        s = bind(one_minus)
+        if not (_ones_like(s.get("self")) and s.get("other") is sig and bind(sig).get("self") is x):
             continue
         return aten.silu_backward.default, (grad, x)
     return None
 
 
-PATTERNS = {"silu_backward": _silu_backward}
+PATTERNS: dict[str, Callable[[torch.fx.Node], Match | None]] = {"silu_backward": _silu_backward}
 
 
 def recompose(gm: torch.fx.GraphModule) -> dict[str, int]:

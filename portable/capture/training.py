@@ -99,8 +99,11 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     examples += [torch.empty_like(program.weights[g.key]) for g in grads]
     examples += [torch.empty_like(weights[s.key]) for s in new_inputs[1:]]
     examples += [torch.empty_like(weights[STEP_TARGET])]
+    table = decompositions(python_only=True)
     traced = make_fx(
-        update, decomposition_table=decompositions(python_only=True), tracing_mode="fake"
+        update,
+        decomposition_table=table,  # type: ignore[arg-type]  # stub: OpOverload keys only
+        tracing_mode="fake",
     )(*examples)
     if any(node.op == "get_attr" for node in traced.graph.nodes):
         raise CaptureError(f"optimizer {optimizer.kind} traced to a graph with constants")

@@ -48,7 +48,9 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from portable.errors import PassError, PlanError
+from portable.ir.plan import Mesh
 from portable.ir.program import Program
+from portable.ir.rewriter import Rewriter
 from portable.ir.sharding import Sharding
 from portable.ir.signature import (
     InputKind,
@@ -58,13 +60,16 @@ from portable.ir.signature import (
     Signature,
     TensorSpec,
 )
-from portable.ir.spmd import SpmdLayout, TensorLayout
+from portable.ir.spmd import Collective, SpmdLayout, TensorLayout
+from portable.opset.bind import bind
 from portable.opset.table import CAST, PERMUTE, RESHAPE, ops_with
 
-from .base import Pass, PassResult
+from .base import Pass, PassReport, PassResult
 from .spmd.layouts import input_shardings
+from .spmd.localize import _call_with
 from .spmd.redistribute import Redistributor
 from .spmd.rules import RULES, RuleContext, replicate_all
+from .spmd.rules.base import Key, ResultSharding, single
 
 __all__ = ["SpmdPartition", "partition"]
 
@@ -101,7 +106,7 @@ class SpmdPartition(Pass):
         return _Partitioner(program, self).run()
 
 
-def partition(program: Program) -> tuple[Program, Any]:
+def partition(program: Program) -> tuple[Program, PassReport]:
     """`(per-rank program, report)` of `program` under `program.plan`."""
     result = SpmdPartition().apply(program)
     return result.program, result.report
@@ -113,7 +118,10 @@ class _Partitioner:
         self.src = program
         self.out = program.replace()
         self.graph = self.out.graph
-        self.mesh = program.plan.mesh
+        self.rewriter = Rewriter(self.graph)
+        mesh = program.plan.mesh
+        assert mesh is not None, "SpmdPartition.apply partitions only multi-device plans"
+        self.mesh: Mesh = mesh
         self.notes: list[str] = []
         self.replicated_ops: Counter[str] = Counter()
         self.red = Redistributor(self.graph, self.mesh, NAME)
@@ -151,7 +159,7 @@ class _Partitioner:
 
     # ------------------------------------------------------------------------ per node
 
-    def _record(self, node: torch.fx.Node, sharding: Any) -> None:
+    def _record(self, node: torch.fx.Node, sharding: ResultSharding) -> None:
         self.red.sharding[node] = sharding
         meta = node.meta["tensor"]
         if isinstance(meta, TensorSpec):
@@ -161,49 +169,60 @@ class _Partitioner:
     def _partition(self, node: torch.fx.Node) -> None:
         self._gather_fsdp_parameter(node)
         rule = RULES.get(node.target)
-        decision = rule(self.ctx, node) if rule else None
-        if decision is None:
+        if rule is not None:
+            decision = rule(self.ctx, node)
+        else:
             decision = replicate_all(self.ctx, node)
             if node.target is not operator.getitem:
                 self.replicated_ops[str(node.target)] += 1
-        if decision.args.get("split"):
+        if decision.split_addmm:
             self._split_addmm(node)
             return
         for key, want in decision.inputs.items():
-            arg = _get(node, key)
-            if want is None or arg not in self.red.sharding:
-                continue
-            _set(node, key, self.red.to(arg, want, node))
-        vocab_axis = decision.args.pop("vocab_parallel", None)
-        for pos, value in decision.args.items():
-            args = list(node.args)
-            args[pos] = value
-            node.args = tuple(args)
+            arg = _input(node, key)
+            if isinstance(arg, torch.fx.Node) and arg in self.red.sharding:
+                self._set_input(node, key, self.red.to(arg, want, node))
+        if decision.args:
+            self.rewriter.set_args(node, decision.args)
+        vocab_axis = decision.vocab_parallel
         if vocab_axis is not None:
             node = _masked_lookup(self.graph, node, vocab_axis, self.mesh.axis_size(vocab_axis))
             self.red.global_shape[node] = tuple(node.meta["tensor"].shape)
             self.red.dtype[node] = node.meta["tensor"].dtype
         self._record(node, decision.output)
 
+    def _set_input(self, node: torch.fx.Node, key: Key, value: torch.fx.Node) -> None:
+        """Pass `value` as `node`'s input `key` (an argument, or an element of a list one)."""
+        if isinstance(key, str):
+            self.rewriter.set_args(node, {key: value})
+            return
+        name, index = key
+        items = list(bind(node)[name])
+        items[index] = value
+        self.rewriter.set_args(node, {name: items})
+
     def _gather_fsdp_parameter(self, node: torch.fx.Node) -> None:
         """FSDP: a view of a parameter (`t(W)` feeding a matmul) views the gathered parameter,
         so the all-gather is of the parameter itself (what comm-overlap prefetches)."""
         axis = self.src.plan.fsdp_axis
-        if axis is None or node.target not in _PARAMETER_VIEWS or not node.args:
+        if axis is None or node.target not in _PARAMETER_VIEWS:
             return
-        param = node.args[0]
+        param = bind(node).get("self")
         if not isinstance(param, torch.fx.Node) or param.op != "placeholder":
             return
         have = self.red.sharding.get(param)
-        if not self.ctx.is_parameter(param) or have is None or axis not in have.axes():
+        if not self.ctx.is_parameter(param) or not isinstance(have, Sharding):
+            return
+        if axis not in have.axes():
             return
         want = Sharding(tuple(tuple(a for a in d if a != axis) for d in have.dims), have.partial)
-        _set(node, 0, self.red.to(param, want, node))
+        self.rewriter.set_args(node, {"self": self.red.to(param, want, node)})
 
     def _split_addmm(self, node: torch.fx.Node) -> None:
         """bias + a @ b whose product is a partial sum: mm, then add the bias after the reduce."""
-        bias, a, b = node.args[:3]
-        if node.kwargs.get("beta", 1) != 1 or node.kwargs.get("alpha", 1) != 1:
+        bound = bind(node)
+        bias, a, b = bound.node("self"), bound.node("mat1"), bound.node("mat2")
+        if bound.beta != 1 or bound.alpha != 1:
             raise PassError("addmm with alpha/beta is not partitioned", pass_name=NAME)
         with self.graph.inserting_before(node):
             mm = self.graph.call_function(aten.mm.default, (a, b))
@@ -221,14 +240,15 @@ class _Partitioner:
         sig = self.out.signature
         inputs = {i.name: i for i in sig.inputs}
         placeholders = {n.name: n for n in self.graph.nodes if n.op == "placeholder"}
-        values = list(node.args[0])
+        values = _output_values(node)
         self.output_shardings: dict[str, Sharding] = {}
         for i, (spec, value) in enumerate(zip(sig.outputs, values, strict=True)):
             if not isinstance(value, torch.fx.Node):
                 continue
-            have = self.red.sharding[value]
+            have = single(value, self.red.sharding[value])
             if spec.aliases and spec.aliases in inputs:
-                want = self.red.sharding[placeholders[spec.aliases]]
+                alias = placeholders[spec.aliases]
+                want = single(alias, self.red.sharding[alias])
             elif spec.kind is OutputKind.LOSS:
                 want = Sharding.replicated(len(have.dims))
             else:
@@ -242,7 +262,7 @@ class _Partitioner:
     def _signature_and_metadata(self, shardings: dict[str, Sharding]) -> None:
         sig = self.out.signature
         local = {n.name: n.meta["tensor"] for n in self.graph.nodes if n.op == "placeholder"}
-        out_values = list(self.graph.output_node().args[0])
+        out_values = _output_values(self.graph.output_node())
         inputs = tuple(InputSpec(i.name, i.kind, local[i.name], i.target) for i in sig.inputs)
         outputs = tuple(
             OutputSpec(o.name, o.kind, v.meta["tensor"], o.target, o.aliases)
@@ -256,11 +276,11 @@ class _Partitioner:
             tuple(self._live_collectives()),
         )
 
-    def _live_collectives(self):
+    def _live_collectives(self) -> list[Collective]:
         live = {n.name for n in self.graph.nodes}
         return [c for c in self.red.collectives if c.node in live]
 
-    def _report(self):
+    def _report(self) -> PassReport:
         counts: Counter[str] = Counter()
         nbytes: Counter[str] = Counter()
         for c in self._live_collectives():
@@ -291,26 +311,20 @@ def _layout(spec: InputSpec | OutputSpec, sharding: Sharding) -> TensorLayout:
     return TensorLayout(spec.name, sharding, tuple(int(d) for d in spec.spec.shape))
 
 
-def _get(node: torch.fx.Node, key):
+def _input(node: torch.fx.Node, key: Key) -> Any:
+    """`node`'s argument `key`: a schema name, or (name, index) into a list argument."""
+    bound = bind(node)
     if isinstance(key, str):
-        return node.kwargs[key]
-    if isinstance(key, tuple):
-        return node.args[key[0]][key[1]]
-    return node.args[key]
+        return bound[key]
+    name, index = key
+    return bound[name][index]
 
 
-def _set(node: torch.fx.Node, key, value) -> None:
-    if isinstance(key, str):
-        node.update_kwarg(key, value)
-        return
-    args = list(node.args)
-    if isinstance(key, tuple):
-        inner = list(args[key[0]])
-        inner[key[1]] = value
-        args[key[0]] = inner
-    else:
-        args[key] = value
-    node.args = tuple(args)
+def _output_values(output: torch.fx.Node) -> list[Any]:
+    """The values the graph's output node returns (the verifier checks they are a sequence)."""
+    (values,) = output.args
+    assert isinstance(values, (tuple, list)), f"the graph returns {values!r}, not a tuple"
+    return list(values)
 
 
 _PARAMETER_VIEWS = ops_with(PERMUTE, RESHAPE, CAST) | {
@@ -327,7 +341,7 @@ def _parameter_values(graph: torch.fx.Graph, program: Program) -> frozenset[torc
     for node in graph.nodes:
         if node.op == "placeholder" and node.name in names:
             found.add(node)
-        elif node.target in _PARAMETER_VIEWS and node.args and node.args[0] in found:
+        elif node.target in _PARAMETER_VIEWS and bind(node).get("self") in found:
             found.add(node)
     return frozenset(found)
 
@@ -341,7 +355,8 @@ def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int
 
     Returns the node computing `out` (which replaces `node`). The backward needs no change: the
     dense gradient of the whole table is sliced to this rank's rows by the optimizer update."""
-    weight, ids = node.args[:2]
+    bound = bind(node)
+    weight, ids = bound.node("weight"), bound.node("indices")
     vocab = int(weight.meta["tensor"].shape[0]) if "tensor" in weight.meta else None
     if vocab is None:
         raise PassError(
@@ -357,7 +372,8 @@ def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int
         high = graph.call_function(aten.lt.Scalar, (local, rows))
         hit = graph.call_function(aten.bitwise_and.Tensor, (low, high))
         safe = graph.call_function(aten.mul.Tensor, (local, hit))
-        rows_out = graph.call_function(aten.embedding.default, (weight, safe, *node.args[2:]))
+        args, kwargs = _call_with(node, indices=safe)
+        rows_out = graph.call_function(aten.embedding.default, tuple(args), kwargs)
         keep = graph.call_function(aten.unsqueeze.default, (hit, -1))
         out = graph.call_function(aten.mul.Tensor, (rows_out, keep))
     for new in (every, mine, start, local, low, high, hit, safe, rows_out, keep, out):
@@ -372,15 +388,12 @@ def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int
 def _mean_losses_as_sums(graph: torch.fx.Graph) -> None:
     """nll_loss(reduction=mean) -> nll_loss(reduction=sum) / total_weight (the same arithmetic
     as ATen's kernel), so a split batch reduces to the global mean exactly."""
+    rewriter = Rewriter(graph)
     for node in list(graph.nodes):
-        if node.target is not aten.nll_loss_forward.default:
+        if node.target is not aten.nll_loss_forward.default or bind(node).reduction != 1:
             continue
-        args = list(node.args)
-        if len(args) < 4 or args[3] != 1:
-            continue
-        args[3] = 2
-        node.args = tuple(args)
-        getters = {u.args[1]: u for u in node.users if u.target is operator.getitem}
+        rewriter.set_args(node, {"reduction": 2})
+        getters = {bind(u).literal("index"): u for u in node.users if u.target is operator.getitem}
         if 0 not in getters:
             continue
         if 1 not in getters:
@@ -404,7 +417,7 @@ def _infer_meta(
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     env: dict[torch.fx.Node, Any] = {}
 
-    def load(value):
+    def load(value: torch.fx.node.Argument) -> Any:
         return torch.fx.node.map_arg(value, lambda n: env[n])
 
     for node in graph.nodes:
@@ -416,7 +429,8 @@ def _infer_meta(
         elif node.op == "call_function":
             args, kwargs = load(node.args), load(node.kwargs)
             if node.target is operator.getitem:
-                env[node] = args[0][args[1]]
+                results, index = args
+                env[node] = results[index]
             else:
                 try:
                     with mode:
@@ -434,7 +448,7 @@ def _infer_meta(
         node.meta["tensor"] = _spec(value)
 
 
-def _spec(value):
+def _spec(value: Any) -> TensorSpec | tuple[Any, ...] | None:
     if isinstance(value, torch.Tensor):
         return TensorSpec.of(value)
     if isinstance(value, (tuple, list)):

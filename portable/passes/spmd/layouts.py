@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 from portable.errors import PlanError
-from portable.ir.plan import Plan
+from portable.ir.plan import Mesh, Plan
 from portable.ir.program import Program
 from portable.ir.sharding import Sharding
 from portable.ir.signature import InputKind, InputSpec
@@ -30,7 +30,7 @@ def _param_of_state(target: str, params: set[str]) -> str | None:
 
 
 def _spec_sharding(
-    plan: Plan, name: str, shape: tuple[int, ...], aliases: tuple[str, ...] = ()
+    plan: Plan, mesh: Mesh, name: str, shape: tuple[int, ...], aliases: tuple[str, ...] = ()
 ) -> Sharding:
     spec = plan.spec_for(name)
     for alias in aliases:  # tied weights: a spec for either name applies
@@ -41,19 +41,19 @@ def _spec_sharding(
             fix="give one entry per tensor dim",
         )
     sharding = Sharding.from_spec(spec, len(shape))
-    sharding.local_shape(shape, plan.mesh)  # PlanError with the arithmetic
+    sharding.local_shape(shape, mesh)  # PlanError with the arithmetic
     return sharding
 
 
 def _with_fsdp(
-    plan: Plan, sharding: Sharding, shape: tuple[int, ...], notes: list[str], name: str
+    plan: Plan, mesh: Mesh, sharding: Sharding, shape: tuple[int, ...], notes: list[str], name: str
 ) -> Sharding:
     axis = plan.fsdp_axis
     if axis is None or axis in sharding.axes():
         return sharding
-    size = plan.mesh.axis_size(axis)
+    size = mesh.axis_size(axis)
     for d in range(len(shape)):
-        local = shape[d] // sharding.factor(plan.mesh, d)
+        local = shape[d] // sharding.factor(mesh, d)
         if local % size == 0 and local >= size:
             dims = list(sharding.dims)
             dims[d] = dims[d] + (axis,)
@@ -64,10 +64,10 @@ def _with_fsdp(
 
 def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
     """Placeholder name -> its sharding under `program.plan`."""
-    plan = program.plan
-    assert plan.mesh is not None
+    plan, mesh = program.plan, program.plan.mesh
+    assert mesh is not None, "spmd-partition partitions only multi-device plans"
     sig = program.signature
-    params = {i.target for i in sig.inputs_of(InputKind.PARAMETER)}
+    params = {i.key for i in sig.inputs_of(InputKind.PARAMETER)}
     out: dict[str, Sharding] = {}
     by_param: dict[str, Sharding] = {}
     tied: dict[str, tuple[str, ...]] = {}
@@ -77,33 +77,33 @@ def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
         shape = tuple(int(s) for s in spec.spec.shape)
         if spec.kind in (InputKind.PARAMETER, InputKind.BUFFER, InputKind.CONSTANT):
             name = spec.target or spec.name
-            s = _spec_sharding(plan, name, shape, tied.get(name, ()))
+            s = _spec_sharding(plan, mesh, name, shape, tied.get(name, ()))
             if spec.kind is InputKind.PARAMETER:
-                s = _with_fsdp(plan, s, shape, notes, spec.target or spec.name)
-                by_param[spec.target] = s
+                s = _with_fsdp(plan, mesh, s, shape, notes, name)
+                by_param[spec.key] = s
             out[spec.name] = s
         elif spec.kind is InputKind.OPTIMIZER_STATE:
-            owner = _param_of_state(spec.target or "", params)
+            owner = _param_of_state(spec.key, params)
             out[spec.name] = (
                 by_param.get(owner, Sharding.replicated(len(shape)))
                 if owner
                 else Sharding.replicated(len(shape))
             )
         else:
-            out[spec.name] = _user_input(plan, spec, shape)
+            out[spec.name] = _user_input(plan, mesh, spec, shape)
     return out
 
 
-def _user_input(plan: Plan, spec: InputSpec, shape: tuple[int, ...]) -> Sharding:
+def _user_input(plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...]) -> Sharding:
     if plan.spec_for(spec.name) is not None:
-        return _spec_sharding(plan, spec.name, shape)
+        return _spec_sharding(plan, mesh, spec.name, shape)
     if not plan.batch_axes or not shape:
         return Sharding.replicated(len(shape))
     factor = 1
     for axis in plan.batch_axes:
-        factor *= plan.mesh.axis_size(axis)
+        factor *= mesh.axis_size(axis)
     if shape[0] % factor:
-        axes = "*".join(f"{a}({plan.mesh.axis_size(a)})" for a in plan.batch_axes)
+        axes = "*".join(f"{a}({mesh.axis_size(a)})" for a in plan.batch_axes)
         raise PlanError(
             f"batch axes {axes} do not divide input {spec.name} dim 0 ({shape[0]}): "
             f"{shape[0]} % {factor} = {shape[0] % factor}",

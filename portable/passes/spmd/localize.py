@@ -38,8 +38,8 @@ from portable.ir.sharding import Sharding
 from portable.opset.bind import bind
 from portable.opset.table import RESHAPE, ops_with
 
-from .rules.base import arg_key
-from .rules.layout import dim_groups
+from .rules.base import arg_key, single
+from .rules.layout import dim_groups, sizes_argument
 from .rules.pointwise import ELEMENTWISE
 
 if TYPE_CHECKING:
@@ -50,8 +50,9 @@ __all__ = ["localize"]
 aten = torch.ops.aten
 
 Dims = tuple[tuple[str, ...], ...]
-# (redistributor, value, wanted output dims, insert-before node) -> (args, kwargs) or None
-Handler = Callable[["Redistributor", torch.fx.Node, Dims, torch.fx.Node], Any]
+Call = tuple[list[Any], dict[str, Any]]  # a call's args and kwargs
+# (redistributor, value, wanted output dims, insert-before node) -> the local call, or None
+Handler = Callable[["Redistributor", torch.fx.Node, Dims, torch.fx.Node], Call | None]
 
 
 def localize(
@@ -59,17 +60,19 @@ def localize(
 ) -> torch.fx.Node | None:
     """`value` recomputed directly in sharding `want` (which only adds splits to its current,
     partial-free sharding), inserted before `before`; None when no identity applies."""
-    handler = _HANDLERS.get(value.target)
-    if handler is None or want.partial or red.sharding[value].partial:
+    target = value.target
+    if not isinstance(target, torch._ops.OpOverload) or target not in _HANDLERS:
+        return None
+    if want.partial or single(value, red.sharding[value]).partial:
         return None
     if not _divides(red, want.dims, red.global_shape[value]):
         return None  # left to local_shard, whose error explains the arithmetic
-    rewritten = handler(red, value, want.dims, before)
+    rewritten = _HANDLERS[target](red, value, want.dims, before)
     if rewritten is None:
         return None
     args, kwargs = rewritten
     with red.graph.inserting_before(before):
-        node = red.graph.call_function(value.target, tuple(args), kwargs)
+        node = red.graph.call_function(target, tuple(args), kwargs)
     if "source" in value.meta:
         node.meta["source"] = value.meta["source"]
     red.record(node, want, red.global_shape[value], red.dtype[value])
@@ -79,7 +82,7 @@ def localize(
 # ---------------------------------------------------------------------------- helpers
 
 
-def _divides(red: Redistributor, dims: Sequence[Sequence[str]], shape) -> bool:
+def _divides(red: Redistributor, dims: Sequence[Sequence[str]], shape: Sequence[int]) -> bool:
     try:
         Sharding(tuple(tuple(d) for d in dims)).local_shape(shape, red.mesh)
     except PlanError:
@@ -87,14 +90,18 @@ def _divides(red: Redistributor, dims: Sequence[Sequence[str]], shape) -> bool:
     return True
 
 
-def _split(red: Redistributor, arg: Any, dims: Sequence[Sequence[str]], before) -> Any:
+def _split(
+    red: Redistributor, arg: Any, dims: Sequence[Sequence[str]], before: torch.fx.Node
+) -> Any:
     """`arg` (a node) in the sharding with `dims`; anything else unchanged."""
     if not isinstance(arg, torch.fx.Node) or arg not in red.sharding:
         return arg
     return red.to(arg, Sharding(tuple(tuple(d) for d in dims)), before)
 
 
-def _aligned(red: Redistributor, arg: torch.fx.Node, out_shape, dims: Dims) -> list:
+def _aligned(
+    red: Redistributor, arg: torch.fx.Node, out_shape: Sequence[int], dims: Dims
+) -> list[tuple[str, ...]]:
     """The dims of `arg` under broadcasting to `out_shape` split as `dims` (aligned from the
     right; a dim `arg` broadcasts stays whole)."""
     shape = red.global_shape[arg]
@@ -106,7 +113,7 @@ def _local_sizes(red: Redistributor, value: torch.fx.Node, dims: Dims) -> list[i
     return list(Sharding(dims).local_shape(red.global_shape[value], red.mesh))
 
 
-def _call_with(value: torch.fx.Node, **changes: Any) -> tuple[list, dict]:
+def _call_with(value: torch.fx.Node, **changes: Any) -> Call:
     """`value`'s args and kwargs with the named arguments replaced where the call passes them
     (by position or by keyword; an argument left to its default is passed by keyword)."""
     args, kwargs = list(value.args), dict(value.kwargs)
@@ -119,10 +126,15 @@ def _call_with(value: torch.fx.Node, **changes: Any) -> tuple[list, dict]:
     return args, kwargs
 
 
-def _map_tensors(red, value, before, want_of: Callable[[torch.fx.Node], Any]):
+def _map_tensors(
+    red: Redistributor,
+    value: torch.fx.Node,
+    before: torch.fx.Node,
+    want_of: Callable[[torch.fx.Node], Sequence[Sequence[str]]],
+) -> Call:
     """value's args and kwargs with every tensor argument brought to `want_of(arg)`."""
 
-    def one(arg):
+    def one(arg: Any) -> Any:
         if isinstance(arg, torch.fx.Node) and arg in red.sharding:
             return _split(red, arg, want_of(arg), before)
         if isinstance(arg, (list, tuple)):
@@ -135,23 +147,31 @@ def _map_tensors(red, value, before, want_of: Callable[[torch.fx.Node], Any]):
 # ---------------------------------------------------------------------------- identities
 
 
-def _creation(red, value, dims, before):
+def _creation(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     # full(size, fill), zeros(size), ones(size), empty(size)
     return _call_with(value, size=_local_sizes(red, value, dims))
 
 
-def _elementwise(red, value, dims, before):
+def _elementwise(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     out = red.global_shape[value]
     return _map_tensors(red, value, before, lambda a: _aligned(red, a, out, dims))
 
 
-def _expand(red, value, dims, before):
+def _expand(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     x = bind(value).node("self")
     arg = _split(red, x, _aligned(red, x, red.global_shape[value], dims), before)
     return _call_with(value, self=arg, size=_local_sizes(red, value, dims))
 
 
-def _unsqueeze(red, value, dims, before):
+def _unsqueeze(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     bound = bind(value)
     x, u = bound.node("self"), bound.literal("dim")
     u = u + len(dims) if u < 0 else u
@@ -160,7 +180,9 @@ def _unsqueeze(red, value, dims, before):
     return _call_with(value, self=_split(red, x, dims[:u] + dims[u + 1 :], before))
 
 
-def _view(red, value, dims, before):
+def _view(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     """A split output dim must lead its group of merged/split dims (layout.dim_groups)."""
     bound = bind(value)
     x = bound.node("self")
@@ -175,13 +197,13 @@ def _view(red, value, dims, before):
             continue
         lead_i = next((d for d in gi if src[d] != 1), None)
         lead_j = next((d for d in gj if dst[d] != 1), None)
-        if split != [lead_j] or lead_i is None:
+        if split != [lead_j] or lead_i is None or lead_j is None:
             return None
         arg_dims[lead_i] = dims[lead_j]
     if not _divides(red, arg_dims, src):
         return None
     arg = _split(red, x, arg_dims, before)
-    sizes = "shape" if "shape" in bound else "size"  # reshape(x, shape); view(x, size)
+    sizes = sizes_argument(bound)
     return _call_with(value, **{"self": arg, sizes: _local_sizes(red, value, dims)})
 
 
@@ -189,7 +211,9 @@ def _along(dim_arg: int, ndim: int) -> int:
     return dim_arg + ndim if dim_arg < 0 else dim_arg
 
 
-def _slice(red, value, dims, before):
+def _slice(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     bound = bind(value)
     dim = _along(bound.dim, len(dims))
     if dims[dim]:
@@ -197,7 +221,9 @@ def _slice(red, value, dims, before):
     return _call_with(value, self=_split(red, bound.node("self"), dims, before))
 
 
-def _cat(red, value, dims, before):
+def _cat(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     bound = bind(value)
     dim = _along(bound.dim, len(dims))
     if dims[dim]:
@@ -205,7 +231,9 @@ def _cat(red, value, dims, before):
     return _call_with(value, tensors=[_split(red, t, dims, before) for t in bound.tensors])
 
 
-def _index(red, value, dims, before):
+def _index(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     """x[i, j, ...] with leading index tensors (no `None` among them): the output's first dims
     are the indices' broadcast shape, the rest are x's dims after the indexed ones."""
     bound = bind(value)
@@ -215,16 +243,18 @@ def _index(red, value, dims, before):
     nb = len(dims) - (len(red.global_shape[x]) - len(indices))
     bshape = red.global_shape[value][:nb]
     x_dims = [()] * len(indices) + list(dims[nb:])
-    if list(red.sharding[x].dims[: len(indices)]) != [()] * len(indices):
+    if list(single(x, red.sharding[x]).dims[: len(indices)]) != [()] * len(indices):
         return None
     arg = _split(red, x, x_dims, before)
     parts = [_split(red, i, _aligned(red, i, bshape, dims[:nb]), before) for i in indices]
     return _call_with(value, self=arg, indices=parts)
 
 
-def _embedding(red, value, dims, before):
+def _embedding(
+    red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
+) -> Call | None:
     ids = bind(value).node("indices")
-    if dims[-1] != red.sharding[value].dims[-1]:
+    if dims[-1] != single(value, red.sharding[value]).dims[-1]:
         return None
     return _call_with(value, indices=_split(red, ids, dims[:-1], before))
 

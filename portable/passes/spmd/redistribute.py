@@ -14,7 +14,7 @@ so a value gathered for the forward is reused by every later consumer.
 from __future__ import annotations
 
 import math
-from typing import Any
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -25,6 +25,7 @@ from portable.ir.sharding import Sharding
 from portable.ir.spmd import Collective
 
 from .localize import localize
+from .rules.base import ResultSharding, single
 
 __all__ = ["Collective", "Redistributor"]
 
@@ -38,7 +39,7 @@ class Redistributor:
         self.graph = graph
         self.mesh = mesh
         self.pass_name = pass_name
-        self.sharding: dict[torch.fx.Node, Any] = {}  # Sharding, or a tuple for multi-output ops
+        self.sharding: dict[torch.fx.Node, ResultSharding] = {}
         self.global_shape: dict[torch.fx.Node, tuple[int, ...]] = {}
         self.dtype: dict[torch.fx.Node, torch.dtype] = {}
         self.collectives: list[Collective] = []
@@ -49,7 +50,7 @@ class Redistributor:
 
     def to(self, value: torch.fx.Node, want: Sharding, before: torch.fx.Node) -> torch.fx.Node:
         """`value` in sharding `want`, computed by collectives inserted before `before`."""
-        have = self.sharding[value]
+        have = single(value, self.sharding[value])
         if have == want:
             return value
         key = (value, want)
@@ -123,26 +124,36 @@ class Redistributor:
 
     # ------------------------------------------------------------------------------ helpers
 
-    def _emit(self, op, value, shape, dims, partial, axis, **kw) -> torch.fx.Node:
+    def _emit(
+        self,
+        op: str,
+        value: torch.fx.Node,
+        shape: tuple[int, ...],
+        dims: list[list[str]],
+        partial: dict[str, str],
+        axis: str,
+        *,
+        reduce_op: str | None = None,
+        dim: int | None = None,
+    ) -> torch.fx.Node:
+        """`op` over `axis` of `value` (sharded as `dims` and `partial`, global `shape`), then
+        its wait; `dim` is the dim it splits or gathers (None for all_reduce), `reduce_op` the
+        reduction of all_reduce and reduce_scatter. Returns the value after the wait."""
         size = self.mesh.axis_size(axis)
         before = Sharding(tuple(tuple(d) for d in dims), tuple(sorted(partial.items())))
         local = before.local_shape(shape, self.mesh)
         dtype = self.dtype[value]
         nbytes = math.prod(local) * dtype.itemsize
         if op == "all_reduce":
-            call = self.graph.call_function(
-                _ops.all_reduce.default, (value, kw["reduce_op"], axis, size)
-            )
+            call = self.graph.call_function(_ops.all_reduce.default, (value, reduce_op, axis, size))
         elif op == "reduce_scatter":
             call = self.graph.call_function(
-                _ops.reduce_scatter.default, (value, kw["reduce_op"], kw["dim"], axis, size)
+                _ops.reduce_scatter.default, (value, reduce_op, dim, axis, size)
             )
         elif op == "all_gather":
-            call = self.graph.call_function(_ops.all_gather.default, (value, kw["dim"], axis, size))
+            call = self.graph.call_function(_ops.all_gather.default, (value, dim, axis, size))
         else:
-            call = self.graph.call_function(
-                _ops.local_shard.default, (value, kw["dim"], axis, size)
-            )
+            call = self.graph.call_function(_ops.local_shard.default, (value, dim, axis, size))
         _copy_source(value, call)
         if op == "local_shard":
             result = call
@@ -152,15 +163,12 @@ class Redistributor:
             _copy_source(value, result)
         after_dims = [list(d) for d in dims]
         after_partial = dict(partial)
-        if op == "all_reduce":
+        if op in ("all_reduce", "reduce_scatter"):
             after_partial.pop(axis)
-        elif op == "reduce_scatter":
-            after_partial.pop(axis)
-            after_dims[kw["dim"]].append(axis)
-        elif op == "all_gather":
-            after_dims[kw["dim"]].pop()
-        else:
-            after_dims[kw["dim"]].append(axis)
+        if dim is not None and op == "all_gather":
+            after_dims[dim].pop()
+        elif dim is not None:  # reduce_scatter, local_shard: split dim over axis
+            after_dims[dim].append(axis)
         after = Sharding(tuple(tuple(d) for d in after_dims), tuple(sorted(after_partial.items())))
         for n in {call, result}:
             self.record(n, after, shape, dtype)
@@ -174,7 +182,7 @@ def _refines(have: Sharding, want: Sharding) -> bool:
     return all(w[: len(h)] == h for h, w in zip(have.dims, want.dims, strict=True))
 
 
-def _common_prefix(a, b) -> int:
+def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     n = 0
     while n < len(a) and n < len(b) and a[n] == b[n]:
         n += 1

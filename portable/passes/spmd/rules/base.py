@@ -6,12 +6,13 @@ from __future__ import annotations
 import dataclasses
 import math
 import operator
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
 import torch.fx
 
+from portable.errors import PassError
 from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding
 from portable.opset.bind import bind
@@ -20,6 +21,8 @@ __all__ = [
     "RULES",
     "Decision",
     "Key",
+    "ResultSharding",
+    "Rule",
     "RuleContext",
     "arg_key",
     "drop_partial",
@@ -29,33 +32,47 @@ __all__ = [
     "replicate_all",
     "replicated_like",
     "rule",
+    "single",
     "tensor_args",
     "unshard_dims",
 ]
 
 aten = torch.ops.aten
 
-Key = int | tuple[int, int] | str
+Key = str | tuple[str, int]
+"""Where a rule's input sits in the call: an argument's schema name, or `(name, index)` for an
+element of a list argument (cat's `tensors`, index's `indices`)."""
+
+ResultSharding = Sharding | tuple[Sharding | None, ...] | None
+"""A value's sharding: one `Sharding`, a tuple of them for a tuple-valued op (None for a
+non-tensor element), None for a non-tensor result."""
 
 
 @dataclasses.dataclass
 class Decision:
-    """A rule's answer. `inputs` and `args` are keyed as the walker reads the call: a position in
-    `node.args`, a `(position, index)` into a list argument, or a keyword of `node.kwargs`
-    (`arg_key` finds the key of a named argument)."""
+    """A rule's answer: the sharding each tensor input must have, keyed by `Key`, and the result's.
+    `args` replaces arguments by schema name (a reshape's sizes become the local sizes);
+    `split_addmm` asks the walker to compute addmm as mm + add (its product is a partial sum);
+    `vocab_parallel` names the axis of a vocabulary-parallel embedding (the walker's masked
+    lookup on this rank's rows)."""
 
     inputs: dict[Key, Sharding]
-    output: Any  # Sharding, or a tuple of them (None for non-tensor results)
-    args: dict[int, Any] = dataclasses.field(default_factory=dict)  # replaced positional args
+    output: ResultSharding
+    args: dict[str, Any] = dataclasses.field(default_factory=dict)
+    split_addmm: bool = False
+    vocab_parallel: str | None = None
 
 
 class RuleContext:
+    """What rules read about the values computed so far: their shardings, global shapes and
+    dtypes (the walker's records), the mesh, and which values are parameters."""
+
     def __init__(
         self,
         mesh: Mesh,
-        sharding: dict,
-        shapes: dict,
-        dtypes: dict,
+        sharding: Mapping[torch.fx.Node, ResultSharding],
+        shapes: Mapping[torch.fx.Node, tuple[int, ...]],
+        dtypes: Mapping[torch.fx.Node, torch.dtype],
         sequence_parallel: str | None = None,
         parameters: frozenset[torch.fx.Node] = frozenset(),
     ) -> None:
@@ -67,7 +84,15 @@ class RuleContext:
         self._dtypes = dtypes
 
     def sh(self, node: torch.fx.Node) -> Sharding:
-        return self._sharding[node]
+        """The sharding of the tensor `node` (see `single`)."""
+        return single(node, self._sharding[node])
+
+    def sh_item(self, node: torch.fx.Node, index: int) -> Sharding | None:
+        """The sharding of element `index` of the tuple-valued `node`."""
+        value = self._sharding[node]
+        if not isinstance(value, tuple):
+            raise _not_one(node, value, "a tuple of shardings")
+        return value[index]
 
     def shape(self, node: torch.fx.Node) -> tuple[int, ...]:
         return self._shapes[node]
@@ -83,11 +108,32 @@ class RuleContext:
         return node in self._parameters
 
 
-RULES: dict[Any, Callable[[RuleContext, torch.fx.Node], Decision]] = {}
+def single(node: torch.fx.Node, value: ResultSharding) -> Sharding:
+    """`value`, the recorded sharding of `node`, as one tensor's; `PassError` when `node` is
+    tuple-valued or not a tensor (a rule read it as a tensor: a bug in the rule)."""
+    if not isinstance(value, Sharding):
+        raise _not_one(node, value, "one tensor's sharding")
+    return value
 
 
-def rule(*targets):
-    def register(fn):
+def _not_one(node: torch.fx.Node, value: ResultSharding, wanted: str) -> PassError:
+    return PassError(
+        f"{node.name} ({node.target}) has the sharding {value!r}, not {wanted}",
+        pass_name="spmd-partition",
+        fix="this is a bug in a sharding rule; report the program and plan",
+    )
+
+
+Rule = Callable[[RuleContext, torch.fx.Node], Decision]
+"""A sharding rule: the `Decision` for one node (`replicate_all` where it cannot split it)."""
+
+RULES: dict[Any, Rule] = {}
+
+
+def rule(*targets: Any) -> Callable[[Rule], Rule]:
+    """Register the decorated rule for every op of `targets`."""
+
+    def register(fn: Rule) -> Rule:
         for t in targets:
             RULES[t] = fn
         return fn
@@ -99,19 +145,18 @@ def rule(*targets):
 
 
 def tensor_args(node: torch.fx.Node) -> list[tuple[Key, torch.fx.Node]]:
+    """`node`'s tensor inputs with their keys, in schema order: every argument that is a node,
+    and every node in a list argument."""
     out: list[tuple[Key, torch.fx.Node]] = []
-    for i, a in enumerate(node.args):
-        if isinstance(a, torch.fx.Node):
-            out.append((i, a))
-        elif isinstance(a, (list, tuple)):
-            out.extend(((i, j), x) for j, x in enumerate(a) if isinstance(x, torch.fx.Node))
-    for k, a in node.kwargs.items():
-        if isinstance(a, torch.fx.Node):
-            out.append((k, a))
+    for name, value in bind(node).items():
+        if isinstance(value, torch.fx.Node):
+            out.append((name, value))
+        elif isinstance(value, (list, tuple)):
+            out.extend(((name, j), x) for j, x in enumerate(value) if isinstance(x, torch.fx.Node))
     return out
 
 
-def arg_key(node: torch.fx.Node, name: str) -> Key | None:
+def arg_key(node: torch.fx.Node, name: str) -> int | str | None:
     """Where `node`'s call passes its op's argument `name`: the position in `node.args`, or the
     keyword in `node.kwargs`; None when the call leaves it to its schema default. Positions
     follow the schema as `bind` does (positional arguments in order)."""
@@ -131,8 +176,9 @@ def out_ndim(node: torch.fx.Node) -> int:
 
 def replicate_all(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """The fallback: full copies in, full copy out."""
-    inputs = {k: replicated_like(ctx, a) for k, a in tensor_args(node)}
+    inputs: dict[Key, Sharding] = {k: replicated_like(ctx, a) for k, a in tensor_args(node)}
     meta = node.meta["tensor"]
+    out: ResultSharding
     if isinstance(meta, tuple):
         out = tuple(Sharding.replicated(len(m.shape)) if m is not None else None for m in meta)
     else:
@@ -179,12 +225,12 @@ def unshard_dims(s: Sharding, dims: Sequence[int]) -> Sharding:
     aten.ones.default,
     aten.empty.memory_format,
 )
-def creation(ctx, node):
+def creation(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """No tensor inputs: every rank creates the whole (replicated) value."""
     return Decision({}, Sharding.replicated(out_ndim(node)))
 
 
 @rule(operator.getitem)
-def getitem(ctx, node):
+def getitem(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
-    return Decision({}, ctx.sh(bound.node("self"))[bound.literal("index")])
+    return Decision({}, ctx.sh_item(bound.node("self"), bound.literal("index")))

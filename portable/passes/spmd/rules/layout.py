@@ -10,11 +10,13 @@ import torch
 import torch.fx
 
 from portable.ir.sharding import Sharding
-from portable.opset.bind import bind
+from portable.opset.bind import Bound, bind
 from portable.opset.table import RESHAPE, ops_with
 
 from .base import (
     Decision,
+    Key,
+    RuleContext,
     drop_partial,
     merged_dims,
     norm_dim,
@@ -29,30 +31,30 @@ portable_ops = torch.ops.portable
 
 
 @rule(aten.t.default)
-def t(ctx, node):
+def t(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     s = ctx.sh(bind(node).node("self"))
     dims = s.dims[::-1] if len(s.dims) == 2 else s.dims
-    return Decision({0: s}, Sharding(dims, s.partial))
+    return Decision({"self": s}, Sharding(dims, s.partial))
 
 
 @rule(aten.transpose.int)
-def transpose(ctx, node):
+def transpose(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = ctx.sh(bound.node("self"))
     nd = len(s.dims)
     d0, d1 = norm_dim(bound.literal("dim0"), nd), norm_dim(bound.literal("dim1"), nd)
     dims = list(s.dims)
     dims[d0], dims[d1] = dims[d1], dims[d0]
-    return Decision({0: s}, Sharding(tuple(dims), s.partial))
+    return Decision({"self": s}, Sharding(tuple(dims), s.partial))
 
 
 @rule(aten.permute.default)
-def permute(ctx, node):
+def permute(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = ctx.sh(bound.node("self"))
     nd = len(s.dims)
     order = [norm_dim(d, nd) for d in bound.literal("dims")]
-    return Decision({0: s}, Sharding(tuple(s.dims[d] for d in order), s.partial))
+    return Decision({"self": s}, Sharding(tuple(s.dims[d] for d in order), s.partial))
 
 
 def dim_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], list[int]]] | None:
@@ -91,7 +93,7 @@ def dim_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], 
     return groups
 
 
-def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
+def _reshape(ctx: RuleContext, node: torch.fx.Node) -> tuple[Sharding, Sharding] | None:
     """(required input, output) shardings of a reshape: a split dim stays split when it leads
     its group of merged/split dims and the axes divide the output dim it maps to; other split
     dims are gathered first. None when the dims do not group (then: full copies)."""
@@ -118,28 +120,33 @@ def _reshape(ctx, node) -> tuple[Sharding, Sharding] | None:
     )
 
 
+def sizes_argument(bound: Bound) -> str:
+    """The name of a reshape's sizes argument: `shape` of reshape, `size` of view."""
+    return "shape" if "shape" in bound else "size"
+
+
 @rule(*ops_with(RESHAPE))
-def view(ctx, node):
-    """A reshape: its size argument (the second) becomes the local sizes."""
+def view(ctx: RuleContext, node: torch.fx.Node) -> Decision:
+    """A reshape: its sizes argument becomes the local sizes."""
     shardings = _reshape(ctx, node)
     if shardings is None:
         return replicate_all(ctx, node)
     req, out = shardings
     local = list(out.local_shape(node.meta["tensor"].shape, ctx.mesh))
-    return Decision({0: req}, out, args={1: local})
+    return Decision({"self": req}, out, args={sizes_argument(bind(node)): local})
 
 
 @rule(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
-def view_like(ctx, node):
+def view_like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """A reshape whose size argument is implied: no argument to rewrite."""
     shardings = _reshape(ctx, node)
     if shardings is None:
         return replicate_all(ctx, node)
-    return Decision({0: shardings[0]}, shardings[1])
+    return Decision({"self": shardings[0]}, shardings[1])
 
 
 @rule(aten.expand.default)
-def expand(ctx, node):
+def expand(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     x = bound.node("self")
     s, src = ctx.sh(x), ctx.shape(x)
@@ -149,11 +156,11 @@ def expand(ctx, node):
     out = Sharding(tuple(out_dims), s.partial)
     local, given = list(out.local_shape(dst, ctx.mesh)), bound.literal("size")
     sizes = [-1 if (d >= off and given[d] == -1) else local[d] for d in range(len(dst))]
-    return Decision({0: Sharding(tuple(out_dims[off:]), s.partial)}, out, args={1: sizes})
+    return Decision({"self": Sharding(tuple(out_dims[off:]), s.partial)}, out, args={"size": sizes})
 
 
 @rule(aten.slice.Tensor)
-def slice_(ctx, node):
+def slice_(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     x = bound.node("self")
     s, shape = ctx.sh(x), ctx.shape(x)
@@ -161,50 +168,50 @@ def slice_(ctx, node):
     out_shape = node.meta["tensor"].shape
     if s.dims[dim] and out_shape[dim] != shape[dim]:
         s = unshard_dims(s, [dim])
-    return Decision({0: s}, s)
+    return Decision({"self": s}, s)
 
 
 @rule(aten.select.int)
-def select(ctx, node):
+def select(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = ctx.sh(bound.node("self"))
     dim = norm_dim(bound.literal("dim"), len(s.dims))
     s = unshard_dims(s, [dim])
     out = Sharding(s.dims[:dim] + s.dims[dim + 1 :], s.partial)
-    return Decision({0: s}, out)
+    return Decision({"self": s}, out)
 
 
 @rule(aten.split_with_sizes.default, aten.split.Tensor)
-def split(ctx, node):
+def split(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = ctx.sh(bound.node("self"))
     dim = norm_dim(bound.dim, len(s.dims))
     s = unshard_dims(s, [dim])
-    return Decision({0: s}, tuple(s for _ in node.meta["tensor"]))
+    return Decision({"self": s}, tuple(s for _ in node.meta["tensor"]))
 
 
 @rule(aten.cat.default)
-def cat(ctx, node):
+def cat(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     tensors = bound.tensors
     nd = out_ndim(node)
     dim = norm_dim(bound.dim, nd)
     s = Sharding(merged_dims([ctx.sh(t) for t in tensors], whole=[dim]))
-    return Decision({(0, j): s for j in range(len(tensors))}, s)
+    return Decision({("tensors", j): s for j in range(len(tensors))}, s)
 
 
 @rule(aten.slice_scatter.default)
-def slice_scatter(ctx, node):
+def slice_scatter(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """x with a slice along `dim` replaced by src: split like either, `dim` whole."""
     bound = bind(node)
     x, src = bound.node("self"), bound.node("src")
     dim = norm_dim(bound.dim, len(ctx.shape(x)))
     s = Sharding(merged_dims([ctx.sh(x), ctx.sh(src)], whole=[dim]))
-    return Decision({0: s, 1: s}, s)
+    return Decision({"self": s, "src": s}, s)
 
 
 @rule(aten.select_scatter.default)
-def select_scatter(ctx, node):
+def select_scatter(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """x with x.select(dim, i) replaced by src (which lacks `dim`)."""
     bound = bind(node)
     x, src = bound.node("self"), bound.node("src")
@@ -212,11 +219,11 @@ def select_scatter(ctx, node):
     sx, ss = ctx.sh(x), ctx.sh(src)
     widened = Sharding(ss.dims[:dim] + ((),) + ss.dims[dim:])
     s = Sharding(merged_dims([sx, widened], whole=[dim]))
-    return Decision({0: s, 1: Sharding(s.dims[:dim] + s.dims[dim + 1 :])}, s)
+    return Decision({"self": s, "src": Sharding(s.dims[:dim] + s.dims[dim + 1 :])}, s)
 
 
 @rule(aten.gather.default)
-def gather(ctx, node):
+def gather(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """out[..., j, ...] = x[..., index[..., j, ...], ...] along `dim`: `dim` whole on both; another
     dim is split alike on x and index where their sizes agree (x whole where index is shorter)."""
     bound = bind(node)
@@ -225,11 +232,11 @@ def gather(ctx, node):
     dim = norm_dim(bound.literal("dim"), len(xshape))
     whole = [dim, *(d for d in range(len(xshape)) if xshape[d] != ishape[d])]
     s = Sharding(merged_dims([drop_partial(ctx.sh(x)), drop_partial(ctx.sh(idx))], whole=whole))
-    return Decision({0: s, 2: s}, s)
+    return Decision({"self": s, "index": s}, s)
 
 
 @rule(aten.index.Tensor)
-def index(ctx, node):
+def index(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """x[i, j, ...] with leading index tensors: the output is the indices' broadcast shape, then
     x's dims after the indexed ones. Indexed dims of x are whole (the indices are global
     positions); the other dims of x and the indices' dims keep their splits."""
@@ -247,18 +254,17 @@ def index(ctx, node):
     for i in indices:
         shape, s = ctx.shape(i), drop_partial(ctx.sh(i))
         off = nb - len(shape)
-        dims = [() for _ in range(nb)]
+        dims: list[tuple[str, ...]] = [() for _ in range(nb)]
         for d, axes in enumerate(s.dims):
             if shape[d] == bshape[d + off] and not taken & set(axes):
                 dims[d + off] = axes
         aligned.append(Sharding(tuple(dims)))
     front = merged_dims(aligned) if aligned else ()
-    inputs = {0: Sharding(((),) * k + rest)}
+    inputs: dict[Key, Sharding] = {"self": Sharding(((),) * k + rest)}
     for j, i in enumerate(indices):
         shape = ctx.shape(i)
         off = nb - len(shape)
-        dims = tuple(
-            front[d + off] if shape[d] == bshape[d + off] else () for d in range(len(shape))
+        inputs[("indices", j)] = Sharding(
+            tuple(front[d + off] if shape[d] == bshape[d + off] else () for d in range(len(shape)))
         )
-        inputs[(1, j)] = Sharding(dims)
     return Decision(inputs, Sharding(front + rest))

@@ -27,7 +27,14 @@ def _axis_state(s: Sharding, axis: str) -> tuple[str, int | None]:
     return "R", None
 
 
-def _matmul(ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int):
+def _role(d: int, nbatch: int, rows: str, cols: str) -> tuple[str, int]:
+    """(role, dim) of an operand whose dim `d` is split: a batch dim, or its rows or columns."""
+    return ("batch" if d < nbatch else rows if d == nbatch else cols), d
+
+
+def _matmul(
+    ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int
+) -> tuple[Sharding, Sharding, Sharding]:
     """Shardings for a [batch..., m, k] x b [batch..., k, n]; returns (a_req, b_req, out)."""
     sa, sb = ctx.sh(a), ctx.sh(b)
     m_dim, ka_dim = nbatch, nbatch + 1
@@ -48,28 +55,33 @@ def _matmul(ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int):
         if ka == "P" and kb == "P":
             ka = "R"  # reduce a
         if ka == "P":
-            if kb == "R" and sa.partial_op(axis) in ("sum", "avg") and len(a.users) == 1:
-                a_part[axis] = o_part[axis] = sa.partial_op(axis)
+            op = sa.partial_op(axis)
+            if kb == "R" and op in ("sum", "avg") and len(a.users) == 1:
+                a_part[axis] = o_part[axis] = op
                 continue
             ka = "R"
         if kb == "P":
-            if ka == "R" and sb.partial_op(axis) in ("sum", "avg") and len(b.users) == 1:
-                b_part[axis] = o_part[axis] = sb.partial_op(axis)
+            op = sb.partial_op(axis)
+            if ka == "R" and op in ("sum", "avg") and len(b.users) == 1:
+                b_part[axis] = o_part[axis] = op
                 continue
             kb = "R"
-        a_role = None if ka == "R" else ("batch" if da < nbatch else "m" if da == m_dim else "k")
-        b_role = None if kb == "R" else ("batch" if db < nbatch else "k" if db == kb_dim else "n")
-        if a_role and b_role and not (a_role == b_role and (a_role != "batch" or da == db)):
+        # a split operand's role along this axis (None: whole along it)
+        a_role = None if da is None else _role(da, nbatch, "m", "k")
+        b_role = None if db is None else _role(db, nbatch, "k", "n")
+        if a_role and b_role:
+            # both split: they agree on the same batch dim, or on k (a partial sum); else
             # conflict: gather the smaller operand along this axis
-            if a_big:
+            agree = a_role[0] == b_role[0] and (a_role[0] != "batch" or da == db)
+            if not agree and a_big:
                 b_role = None
-            else:
+            elif not agree:
                 a_role = None
-        role = a_role or b_role
-        if role is None:
+        chosen = a_role or b_role
+        if chosen is None:
             continue
+        role, d = chosen
         if role == "batch":
-            d = da if a_role else db
             a_dims[d].append(axis)
             b_dims[d].append(axis)
             o_dims[d].append(axis)
@@ -88,31 +100,31 @@ def _matmul(ctx: RuleContext, a: torch.fx.Node, b: torch.fx.Node, nbatch: int):
 
 
 @rule(aten.mm.default)
-def mm(ctx, node):
+def mm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     a_req, b_req, out = _matmul(ctx, bound.node("self"), bound.node("mat2"), 0)
-    return Decision({0: a_req, 1: b_req}, out)
+    return Decision({"self": a_req, "mat2": b_req}, out)
 
 
 @rule(aten.bmm.default)
-def bmm(ctx, node):
+def bmm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     a_req, b_req, out = _matmul(ctx, bound.node("self"), bound.node("mat2"), 1)
-    return Decision({0: a_req, 1: b_req}, out)
+    return Decision({"self": a_req, "mat2": b_req}, out)
 
 
 @rule(aten.addmm.default)
-def addmm(ctx, node):
+def addmm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """bias + a @ b. The walker splits it into mm + add when the product would be partial."""
     bound = bind(node)
     bias, a, b = bound.node("self"), bound.node("mat1"), bound.node("mat2")
     a_req, b_req, out = _matmul(ctx, a, b, 0)
     if out.partial:
-        return Decision({}, None, args={"split": True})
+        return Decision({}, None, split_addmm=True)
     bshape = ctx.shape(bias)
     off = 2 - len(bshape)
     full = node.meta["tensor"].shape
     bdims = tuple(
         out.dims[d + off] if bshape[d] == full[d + off] else () for d in range(len(bshape))
     )
-    return Decision({0: Sharding(bdims), 1: a_req, 2: b_req}, out)
+    return Decision({"self": Sharding(bdims), "mat1": a_req, "mat2": b_req}, out)

@@ -14,7 +14,7 @@ from portable.opset.bind import bind
 from .base import (
     Decision,
     Key,
-    arg_key,
+    RuleContext,
     drop_partial,
     merged_dims,
     norm_dim,
@@ -29,22 +29,22 @@ portable_ops = torch.ops.portable
 
 
 @rule(aten._softmax.default, aten._log_softmax.default)
-def softmax(ctx, node):
+def softmax(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = drop_partial(ctx.sh(bound.node("self")))
     s = unshard_dims(s, [norm_dim(bound.literal("dim"), len(s.dims))])
-    return Decision({0: s}, s)
+    return Decision({"self": s}, s)
 
 
 @rule(aten._softmax_backward_data.default, aten._log_softmax_backward_data.default)
-def softmax_backward(ctx, node):
+def softmax_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = drop_partial(ctx.sh(bound.node("output")))
     s = unshard_dims(s, [norm_dim(bound.literal("dim"), len(s.dims))])
-    return Decision({0: s, 1: s}, s)
+    return Decision({"grad_output": s, "output": s}, s)
 
 
-def _norm_input(ctx, x, nnorm: int) -> Sharding:
+def _norm_input(ctx: RuleContext, x: torch.fx.Node, nnorm: int) -> Sharding:
     s = drop_partial(ctx.sh(x))
     nd = len(s.dims)
     return unshard_dims(s, list(range(nd - nnorm, nd)))
@@ -60,36 +60,39 @@ def _leading_partial(s: Sharding, ndim: int) -> Sharding:
     return Sharding(((),) * ndim, tuple(sorted((a, "sum") for a in s.axes())))
 
 
-def _replicated_args(ctx, node, names: Sequence[str]) -> dict:
+def _replicated_args(
+    ctx: RuleContext, node: torch.fx.Node, names: Sequence[str]
+) -> dict[Key, Sharding]:
     """Full copies of the tensor arguments `names` (weights, biases); an omitted or None one
     needs nothing."""
     bound = bind(node)
     return {
-        arg_key(node, name): replicated_like(ctx, bound[name])
+        name: replicated_like(ctx, bound[name])
         for name in names
         if isinstance(bound.get(name), torch.fx.Node)
     }
 
 
 @rule(aten.native_layer_norm.default)
-def native_layer_norm(ctx, node):
+def native_layer_norm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     nnorm = len(bound.literal("normalized_shape"))
     s = _norm_input(ctx, bound.node("input"), nnorm)
     return Decision(
-        {0: s, **_replicated_args(ctx, node, ("weight", "bias"))},
+        {"input": s, **_replicated_args(ctx, node, ("weight", "bias"))},
         (s, _stats(s, nnorm), _stats(s, nnorm)),
     )
 
 
 @rule(aten.native_layer_norm_backward.default)
-def native_layer_norm_backward(ctx, node):
+def native_layer_norm_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     nnorm = len(bound.literal("normalized_shape"))
     s = _norm_input(ctx, bound.node("input"), nnorm)
-    inputs = {0: s, 1: s, 3: _stats(s, nnorm), 4: _stats(s, nnorm)}
+    stats = _stats(s, nnorm)
+    inputs: dict[Key, Sharding] = {"grad_out": s, "input": s, "mean": stats, "rstd": stats}
     inputs.update(_replicated_args(ctx, node, ("weight", "bias")))
-    outs = []
+    outs: list[Sharding | None] = []
     for i, meta in enumerate(node.meta["tensor"]):
         if meta is None:
             outs.append(None)
@@ -101,25 +104,25 @@ def native_layer_norm_backward(ctx, node):
 
 
 @rule(portable_ops.layer_norm.default)
-def layer_norm(ctx, node):
+def layer_norm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
-    return Decision({0: s, **_replicated_args(ctx, node, ("weight", "bias"))}, s)
+    return Decision({"x": s, **_replicated_args(ctx, node, ("weight", "bias"))}, s)
 
 
 @rule(portable_ops.rms_norm.default)
-def rms_norm(ctx, node):
+def rms_norm(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
-    return Decision({0: s, **_replicated_args(ctx, node, ("weight",))}, s)
+    return Decision({"x": s, **_replicated_args(ctx, node, ("weight",))}, s)
 
 
 @rule(portable_ops.rms_norm_backward.default)
-def rms_norm_backward(ctx, node):
+def rms_norm_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     s = _norm_input(ctx, bound.node("x"), len(bound.literal("normalized_shape")))
     w = bound.weight
-    inputs = {0: s, 1: s, **_replicated_args(ctx, node, ("weight",))}
+    inputs: dict[Key, Sharding] = {"grad": s, "x": s, **_replicated_args(ctx, node, ("weight",))}
     wmeta = node.meta["tensor"][1]
     dw = (
         _leading_partial(s, len(wmeta.shape))
@@ -129,7 +132,7 @@ def rms_norm_backward(ctx, node):
     return Decision(inputs, (s, dw))
 
 
-def _attention_sharding(ctx, q, k) -> Sharding:
+def _attention_sharding(ctx: RuleContext, q: torch.fx.Node, k: torch.fx.Node) -> Sharding:
     """Batch (0) and head (1) dims may be split; sequence and head_dim stay whole. GQA: k/v have
     fewer heads, so heads stay split only if that count divides too."""
     s = drop_partial(ctx.sh(q))
@@ -141,7 +144,9 @@ def _attention_sharding(ctx, q, k) -> Sharding:
     return s
 
 
-def _mask_sharding(ctx, mask, s: Sharding, full: Sequence[int]) -> Sharding:
+def _mask_sharding(
+    ctx: RuleContext, mask: torch.fx.Node, s: Sharding, full: Sequence[int]
+) -> Sharding:
     shape = ctx.shape(mask)
     off = len(full) - len(shape)
     dims = tuple(
@@ -152,31 +157,29 @@ def _mask_sharding(ctx, mask, s: Sharding, full: Sequence[int]) -> Sharding:
 
 
 @rule(portable_ops.attention.default)
-def attention(ctx, node):
+def attention(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
-    q, k = bound.node("q"), bound.node("k")
+    q, k, mask = bound.node("q"), bound.node("k"), bound.optional_node("mask")
     s = _attention_sharding(ctx, q, k)
-    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s}
-    mask, key = bound.mask, arg_key(node, "mask")
-    if isinstance(mask, torch.fx.Node) and key is not None:
-        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
+    inputs: dict[Key, Sharding] = {"q": s, "k": s, "v": s}
+    if mask is not None:
+        inputs["mask"] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, s)
 
 
 @rule(portable_ops.attention_backward.default)
-def attention_backward(ctx, node):
+def attention_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
-    q, k = bound.node("q"), bound.node("k")
+    q, k, mask = bound.node("q"), bound.node("k"), bound.optional_node("mask")
     s = _attention_sharding(ctx, q, k)
-    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s, 3: s}
-    mask, key = bound.mask, arg_key(node, "mask")
-    if isinstance(mask, torch.fx.Node) and key is not None:
-        inputs[key] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
+    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": s, "v": s}
+    if mask is not None:
+        inputs["mask"] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, (s, s, s))
 
 
 @rule(portable_ops.attention_backward.mask_grad)
-def attention_backward_mask_grad(ctx, node):
+def attention_backward_mask_grad(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """As attention_backward; dmask is split like the mask, and a partial sum over the axes
     that split dims the mask broadcasts along (its gradient is summed over them)."""
     bound = bind(node)
@@ -185,15 +188,12 @@ def attention_backward_mask_grad(ctx, node):
     ms = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     partial = tuple(sorted((a, "sum") for a in set(s.axes()) - set(ms.axes())))
     dmask = Sharding(ms.dims, partial)
-    inputs: dict[Key, Sharding] = {0: s, 1: s, 2: s, 3: s}
-    key = arg_key(node, "mask")  # a required argument: always in the call
-    if key is not None:
-        inputs[key] = ms
+    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": s, "v": s, "mask": ms}
     return Decision(inputs, (s, s, s, dmask))
 
 
 @rule(aten.embedding.default)
-def embedding(ctx, node):
+def embedding(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """A table split on the vocabulary over one axis is looked up on the shard (the walker's
     masked lookup: ids outside the shard give zeros, the result is a partial sum over the axis);
     otherwise the vocabulary dim is gathered first."""
@@ -207,13 +207,13 @@ def embedding(ctx, node):
     if len(ws.dims[0]) == 1 and not used & set(ws.dims[0]) and not ws.dims[1]:
         (axis,) = ws.dims[0]
         out = Sharding(xs.dims + ((),), ((axis, "sum"),))
-        return Decision({0: ws, 1: xs}, out, args={"vocab_parallel": axis})
+        return Decision({"weight": ws, "indices": xs}, out, vocab_parallel=axis)
     ws = unshard_dims(ws, [0])
-    return Decision({0: ws, 1: xs}, Sharding(xs.dims + (ws.dims[1],)))
+    return Decision({"weight": ws, "indices": xs}, Sharding(xs.dims + (ws.dims[1],)))
 
 
 @rule(aten.embedding_dense_backward.default)
-def embedding_dense_backward(ctx, node):
+def embedding_dense_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """grad [*ids, hidden] scattered into the table by ids; each rank's table gradient is a
     partial sum over the axes splitting the ids' dims, the hidden dim keeps the gradient's split.
 
@@ -231,11 +231,11 @@ def embedding_dense_backward(ctx, node):
     used = {a for d in lead for a in d}
     last = gs.dims[-1] if not (set(gs.dims[-1]) & used) else ()
     out = Sharding(((), last), tuple(sorted((a, "sum") for a in used)))
-    return Decision({0: Sharding(lead + (last,)), 1: Sharding(lead)}, out)
+    return Decision({"grad_output": Sharding(lead + (last,)), "indices": Sharding(lead)}, out)
 
 
 @rule(aten.nll_loss_forward.default)
-def nll_loss_forward(ctx, node):
+def nll_loss_forward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     """Only reduction=sum splits (the pass rewrites mean as sum / total_weight first)."""
     bound = bind(node)
     x = bound.node("self")
@@ -244,20 +244,20 @@ def nll_loss_forward(ctx, node):
     xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
     ts = Sharding(xs.dims[:-1])
     partial = tuple(sorted((a, "sum") for a in xs.axes()))
-    return Decision({0: xs, 1: ts}, (Sharding((), partial), Sharding((), partial)))
+    return Decision({"self": xs, "target": ts}, (Sharding((), partial), Sharding((), partial)))
 
 
 @rule(aten.nll_loss_backward.default)
-def nll_loss_backward(ctx, node):
+def nll_loss_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     grad, x, total = bound.node("grad_output"), bound.node("self"), bound.node("total_weight")
     if isinstance(bound.weight, torch.fx.Node) or bound.reduction == 0:
         return replicate_all(ctx, node)
     xs = unshard_dims(drop_partial(ctx.sh(x)), [len(ctx.shape(x)) - 1])
-    inputs = {
-        0: replicated_like(ctx, grad),
-        1: xs,
-        2: Sharding(xs.dims[:-1]),
-        6: replicated_like(ctx, total),
+    inputs: dict[Key, Sharding] = {
+        "grad_output": replicated_like(ctx, grad),
+        "self": xs,
+        "target": Sharding(xs.dims[:-1]),
+        "total_weight": replicated_like(ctx, total),
     }
     return Decision(inputs, xs)

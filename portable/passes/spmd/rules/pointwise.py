@@ -4,6 +4,7 @@ reductions."""
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -15,6 +16,7 @@ from portable.opset.table import ELEMENTWISE as _ELEMENTWISE_TRAIT
 
 from .base import (
     Decision,
+    Key,
     RuleContext,
     drop_partial,
     norm_dim,
@@ -33,7 +35,9 @@ _MULTIPLICATIVE = {aten.mul.Tensor, aten.mul.Scalar}
 _DIVISION = {aten.div.Tensor, aten.div.Scalar}
 
 
-def _linear_partial(ctx: RuleContext, node: torch.fx.Node, partial_keys, ops) -> bool:
+def _linear_partial(
+    ctx: RuleContext, node: torch.fx.Node, partial_keys: list[Key], ops: list[str]
+) -> bool:
     """Whether a partial value over one axis may flow through `node` unreduced."""
     if len(set(ops)) != 1 or ops[0] not in ("sum", "avg"):
         return False
@@ -80,10 +84,10 @@ def pointwise(ctx: RuleContext, node: torch.fx.Node, *, keep_partial: bool = Tru
         for axis in ctx.mesh.names:
             if axis in used:
                 continue
-            pkeys = [k for k, a in tensors if ctx.sh(a).partial_op(axis)]
-            if not pkeys:
+            pending = [(k, op) for k, a in tensors if (op := ctx.sh(a).partial_op(axis))]
+            if not pending:
                 continue
-            ops = [ctx.sh(a).partial_op(axis) for k, a in tensors if k in pkeys]
+            pkeys, ops = [k for k, _ in pending], [op for _, op in pending]
             if _linear_partial(ctx, node, pkeys, ops):
                 partial[axis] = ops[0]
             elif _sequence_split(ctx, axis, oshape, target):
@@ -92,7 +96,7 @@ def pointwise(ctx: RuleContext, node: torch.fx.Node, *, keep_partial: bool = Tru
                 target[1] = target[1] + (axis,)
                 used.add(axis)
     out = Sharding(tuple(target), tuple(sorted(partial.items())))
-    inputs = {}
+    inputs: dict[Key, Sharding] = {}
     for key, arg in tensors:
         shape = ctx.shape(arg)
         off = nd - len(shape)
@@ -104,7 +108,9 @@ def pointwise(ctx: RuleContext, node: torch.fx.Node, *, keep_partial: bool = Tru
     return Decision(inputs, out)
 
 
-def _sequence_split(ctx: RuleContext, axis: str, oshape, target) -> bool:
+def _sequence_split(
+    ctx: RuleContext, axis: str, oshape: Sequence[int], target: Sequence[tuple[str, ...]]
+) -> bool:
     """Whether a [batch, seq, hidden] activation may be split on seq over `axis`."""
     if ctx.sequence_parallel != axis or len(oshape) != 3:
         return False
@@ -128,7 +134,7 @@ rule(*ELEMENTWISE)(pointwise)
 @rule(aten.ones_like.default, aten.zeros_like.default, aten.full_like.default)
 def like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     x = bind(node).node("self")
-    return Decision({0: ctx.sh(x)}, drop_partial(ctx.sh(x)))
+    return Decision({"self": ctx.sh(x)}, drop_partial(ctx.sh(x)))
 
 
 @rule(aten.tril.default, aten.triu.default)
@@ -137,7 +143,7 @@ def triangle(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     s = drop_partial(ctx.sh(bind(node).node("self")))
     nd = len(s.dims)
     s = Sharding(s.dims[: nd - 2] + ((), ()))
-    return Decision({0: s}, s)
+    return Decision({"self": s}, s)
 
 
 # --------------------------------------------------------------------------- reductions
@@ -150,10 +156,12 @@ def cumsum(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     s = drop_partial(ctx.sh(bound.node("self")))
     dim = norm_dim(bound.literal("dim"), len(s.dims))
     s = Sharding(tuple(() if d == dim else a for d, a in enumerate(s.dims)))
-    return Decision({0: s}, s)
+    return Decision({"self": s}, s)
 
 
-def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind: str) -> Decision:
+def _reduction(
+    ctx: RuleContext, node: torch.fx.Node, dims: Sequence[int] | None, keepdim: bool, kind: str
+) -> Decision:
     x = bind(node).node("self")
     s = ctx.sh(x)
     nd = len(ctx.shape(x))
@@ -161,7 +169,7 @@ def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind:
     # partial inputs stay partial only through a sum
     want_in = s if kind == "sum" else drop_partial(s)
     partial = dict(want_in.partial)
-    out_dims = []
+    out_dims: list[tuple[str, ...]] = []
     for d in range(nd):
         if d in rdims:
             for a in s.dims[d]:
@@ -170,30 +178,30 @@ def _reduction(ctx: RuleContext, node: torch.fx.Node, dims, keepdim: bool, kind:
                 out_dims.append(())
         else:
             out_dims.append(s.dims[d])
-    return Decision({0: want_in}, Sharding(tuple(out_dims), tuple(sorted(partial.items()))))
+    return Decision({"self": want_in}, Sharding(tuple(out_dims), tuple(sorted(partial.items()))))
 
 
 @rule(aten.sum.dim_IntList)
-def sum_dim(ctx, node):
+def sum_dim(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     dims, keep = bound.get("dim"), bound.keepdim
     return _reduction(ctx, node, dims, keep, "sum")
 
 
 @rule(aten.sum.default)
-def sum_all(ctx, node):
+def sum_all(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     return _reduction(ctx, node, None, False, "sum")
 
 
 @rule(aten.mean.dim)
-def mean_dim(ctx, node):
+def mean_dim(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     dims, keep = bound.get("dim"), bound.keepdim
     return _reduction(ctx, node, dims, keep, "avg")
 
 
 @rule(aten.amax.default, aten.amin.default)
-def amax(ctx, node):
+def amax(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     dims, keep = bound.dim, bound.keepdim
     kind = "max" if node.target is aten.amax.default else "min"

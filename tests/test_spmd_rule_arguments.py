@@ -1,14 +1,17 @@
-"""The spmd rules read op arguments by schema name: `arg_key` maps a name to the key the walker
-finds it under, and localize rebuilds a call with named arguments replaced where they sit."""
+"""The spmd rules and localize rebuild calls with arguments replaced by schema name
+(`portable.ir.rewriter.replaced_args`), where the call passes them."""
 
 from __future__ import annotations
 
+import operator
+
+import pytest
 import torch
 import torch.fx
 
 import portable  # noqa: F401  (defines the portable:: ops)
-from portable.passes.spmd.localize import _call_with
-from portable.passes.spmd.rules.base import arg_key
+from portable.errors import PortableError
+from portable.ir.rewriter import Rewriter, replaced_args
 
 aten = torch.ops.aten
 
@@ -22,20 +25,29 @@ def _call(target, args, kwargs=None) -> torch.fx.Node:
     return graph.call_function(target, args, kwargs)
 
 
-def test_arg_key_is_the_position_the_keyword_or_none():
-    att = _call(torch.ops.portable.attention.default, ("x", "x", "x"), {"mask": "y"})
-    assert arg_key(att, "q") == 0
-    assert arg_key(att, "v") == 2
-    assert arg_key(att, "mask") == "mask"
-    assert arg_key(att, "is_causal") is None
-    positional = _call(torch.ops.portable.attention.default, ("x", "x", "x", "y"))
-    assert arg_key(positional, "mask") == 3
-
-
-def test_call_with_replaces_arguments_where_the_call_passes_them():
+def test_replaced_args_keep_positions_and_keywords():
     view = _call(aten.view.default, ("x", [4, 8]))
-    args, kwargs = _call_with(view, size=[2, 8])
+    args, kwargs = replaced_args(view, {"size": [2, 8]})
     assert args[1] == [2, 8] and kwargs == {}
+    assert view.args[1] == [4, 8], "the node itself is unchanged"
     sliced = _call(aten.slice.Tensor, ("x",), {"dim": 1})
-    args, kwargs = _call_with(sliced, dim=0, start=2)
+    args, kwargs = replaced_args(sliced, {"dim": 0, "start": 2})
     assert len(args) == 1 and kwargs == {"dim": 0, "start": 2}
+    att = _call(torch.ops.portable.attention.default, ("x", "x", "x"), {"mask": "y"})
+    args, kwargs = replaced_args(att, {"v": "v2", "mask": None, "is_causal": True})
+    assert args[2] == "v2" and kwargs == {"mask": None, "is_causal": True}
+
+
+def test_replaced_args_need_an_op_schema():
+    getitem = _call(operator.getitem, ("x", 0))
+    with pytest.raises(PortableError, match="getitem.*no op schema"):
+        replaced_args(getitem, {"index": 1})
+
+
+def test_nodes_made_mid_pass_carry_no_fake_value():
+    # spmd-partition inserts per-rank collectives into a graph of global shapes: no value yet
+    x = _call(aten.neg.default, ("x",))
+    x.meta["source"] = "here"
+    new = Rewriter(x.graph).call(aten.neg.default, (x,), like=x, fake="none", name=None)
+    assert "val" not in new.meta and "tensor" not in new.meta
+    assert new.meta["source"] == "here" and new.name == "neg_default_1"  # torch.fx naming

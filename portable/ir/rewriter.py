@@ -12,6 +12,8 @@ Fake values: by default (`fake="inputs"`) the op runs on its inputs' fake values
 mode; an input without one is faked from its `meta["tensor"]`. `fake="specs"` fakes every input
 from its TensorSpec in a fresh mode (contiguous strides: what a per-rank program's inputs are).
 `fake="available"` sets a value only when every input node has one (none is invented).
+`fake="none"` sets none: for a pass whose graph is between two shapes (spmd-partition inserts
+collectives over per-rank shapes into a graph of global ones, then infers every value afresh).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ from torch._subclasses.fake_tensor import FakeTensor, FakeTensorMode
 from torch.fx import Node
 
 from ..opset import op_name
+from ..opset.bind import OperandError
 from .signature import TensorSpec
 
-__all__ = ["OP_NAME", "NewNode", "Pattern", "Rewriter"]
+__all__ = ["OP_NAME", "NewNode", "Pattern", "Rewriter", "replaced_args"]
 
-FakePolicy = Literal["inputs", "specs", "available"]
+FakePolicy = Literal["inputs", "specs", "available", "none"]
 
 
 class _OpName:
@@ -115,7 +118,7 @@ class Rewriter:
                 node = self.graph.create_node("call_function", target, args, kwargs, node_name)
         else:
             node = self.graph.create_node("call_function", target, args, kwargs, node_name)
-        val = fake_value(target, args, kwargs, fake)
+        val = None if fake == "none" else fake_value(target, args, kwargs, fake)
         if val is not None:
             node.meta["val"] = val
         spec = tensor if tensor is not None else _spec_of(val)
@@ -128,17 +131,8 @@ class Rewriter:
         return node
 
     def set_args(self, node: Node, values: dict[str, Any]) -> None:
-        """Replace `node`'s arguments by schema name (see `portable.opset.bind`), where the node
-        holds them: positional arguments stay positional, the others become keywords."""
-        positional = [a.name for a in node.target._schema.arguments if not a.kwarg_only]  # type: ignore[union-attr]
-        args, kwargs = list(node.args), dict(node.kwargs)
-        for name, value in values.items():
-            i = positional.index(name) if name in positional else len(args)
-            if i < len(args):
-                args[i] = value
-            else:
-                kwargs[name] = value
-        node.args, node.kwargs = tuple(args), kwargs
+        """Replace `node`'s arguments by schema name (see `replaced_args`)."""
+        node.args, node.kwargs = replaced_args(node, values)
 
     # ---- replacing and erasing ---------------------------------------------------------------
 
@@ -202,6 +196,23 @@ class Rewriter:
 
 
 # ---- fake values -------------------------------------------------------------------------------
+
+
+def replaced_args(node: Node, values: dict[str, Any]) -> tuple[tuple[Any, ...], dict[str, Any]]:
+    """`node`'s args and kwargs with the arguments named in `values` (schema names, see
+    `portable.opset.bind`) replaced where the call holds them: an argument passed by position
+    stays positional, the others (keywords, defaults) become keywords. `node` is unchanged."""
+    if not isinstance(node.target, torch._ops.OpOverload):
+        raise OperandError(f"node {node.name} ({node.target}) has no op schema to replace by name")
+    positional = [a.name for a in node.target._schema.arguments if not a.kwarg_only]
+    args, kwargs = list(node.args), dict(node.kwargs)
+    for name, value in values.items():
+        i = positional.index(name) if name in positional else len(args)
+        if i < len(args):
+            args[i] = value
+        else:
+            kwargs[name] = value
+    return tuple(args), kwargs
 
 
 def fake_value(

@@ -50,7 +50,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from portable.errors import PassError, PlanError
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
-from portable.ir.rewriter import Rewriter
+from portable.ir.rewriter import Rewriter, replaced_args
 from portable.ir.sharding import Sharding
 from portable.ir.signature import (
     InputKind,
@@ -66,7 +66,6 @@ from portable.opset.table import CAST, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassReport, PassResult
 from .spmd.layouts import input_shardings
-from .spmd.localize import _call_with
 from .spmd.redistribute import Redistributor
 from .spmd.rules import RULES, RuleContext, replicate_all
 from .spmd.rules.base import Key, ResultSharding, single
@@ -224,17 +223,22 @@ class _Partitioner:
         bias, a, b = bound.node("self"), bound.node("mat1"), bound.node("mat2")
         if bound.beta != 1 or bound.alpha != 1:
             raise PassError("addmm with alpha/beta is not partitioned", pass_name=NAME)
-        with self.graph.inserting_before(node):
-            mm = self.graph.call_function(aten.mm.default, (a, b))
-            add = self.graph.call_function(aten.add.Tensor, (mm, bias))
+        with self.rewriter.at(before=node):  # both carry the addmm's value, spec and source
+            mm = self.rewriter.call(aten.mm.default, (a, b), **self._as(node))
+            add = self.rewriter.call(aten.add.Tensor, (mm, bias), **self._as(node))
         for new in (mm, add):
-            new.meta.update(
-                {k: v for k, v in node.meta.items() if k in ("tensor", "val", "source")}
-            )
+            if "val" in node.meta:
+                new.meta["val"] = node.meta["val"]
         node.replace_all_uses_with(add)
         self.graph.erase_node(node)
         self._partition(mm)
         self._partition(add)
+
+    @staticmethod
+    def _as(node: torch.fx.Node) -> dict[str, Any]:
+        """`Rewriter.call` options for a node that stands in for `node` mid-pass: its spec and
+        source, torch.fx's naming, no fake value (values are inferred after the pass)."""
+        return {"like": node, "tensor": node.meta.get("tensor"), "fake": "none", "name": None}
 
     def _outputs(self, node: torch.fx.Node) -> None:
         sig = self.out.signature
@@ -363,22 +367,25 @@ def _masked_lookup(graph: torch.fx.Graph, node: torch.fx.Node, axis: str, n: int
             "vocabulary-parallel embedding without a recorded table shape", pass_name=NAME
         )
     rows = vocab // n
-    with graph.inserting_before(node):
-        every = graph.call_function(aten.arange.start_step, (0, vocab, 1), {"dtype": torch.int64})
-        mine = graph.call_function(torch.ops.portable.local_shard.default, (every, 0, axis, n))
-        start = graph.call_function(aten.select.int, (mine, 0, 0))
-        local = graph.call_function(aten.sub.Tensor, (ids, start))
-        low = graph.call_function(aten.ge.Scalar, (local, 0))
-        high = graph.call_function(aten.lt.Scalar, (local, rows))
-        hit = graph.call_function(aten.bitwise_and.Tensor, (low, high))
-        safe = graph.call_function(aten.mul.Tensor, (local, hit))
-        args, kwargs = _call_with(node, indices=safe)
-        rows_out = graph.call_function(aten.embedding.default, tuple(args), kwargs)
-        keep = graph.call_function(aten.unsqueeze.default, (hit, -1))
-        out = graph.call_function(aten.mul.Tensor, (rows_out, keep))
-    for new in (every, mine, start, local, low, high, hit, safe, rows_out, keep, out):
-        if "source" in node.meta:
-            new.meta["source"] = node.meta["source"]
+    rewriter = Rewriter(graph)
+
+    def call(
+        target: Any, args: tuple[Any, ...], kwargs: dict[str, Any] | None = None
+    ) -> torch.fx.Node:
+        return rewriter.call(target, args, kwargs, like=node, fake="none", name=None)
+
+    with rewriter.at(before=node):
+        every = call(aten.arange.start_step, (0, vocab, 1), {"dtype": torch.int64})
+        mine = call(torch.ops.portable.local_shard.default, (every, 0, axis, n))
+        start = call(aten.select.int, (mine, 0, 0))
+        local = call(aten.sub.Tensor, (ids, start))
+        low = call(aten.ge.Scalar, (local, 0))
+        high = call(aten.lt.Scalar, (local, rows))
+        hit = call(aten.bitwise_and.Tensor, (low, high))
+        safe = call(aten.mul.Tensor, (local, hit))
+        rows_out = call(aten.embedding.default, *replaced_args(node, {"indices": safe}))
+        keep = call(aten.unsqueeze.default, (hit, -1))
+        out = call(aten.mul.Tensor, (rows_out, keep))
     out.meta["tensor"] = node.meta["tensor"]
     node.replace_all_uses_with(out)
     graph.erase_node(node)
@@ -397,13 +404,13 @@ def _mean_losses_as_sums(graph: torch.fx.Graph) -> None:
         if 0 not in getters:
             continue
         if 1 not in getters:
-            with graph.inserting_after(node):
-                getters[1] = graph.call_function(operator.getitem, (node, 1))
+            with rewriter.at(after=node):
+                getters[1] = rewriter.call(operator.getitem, (node, 1), fake="none", name=None)
         first = max(getters.values(), key=lambda n: list(graph.nodes).index(n))
-        with graph.inserting_after(first):
-            mean = graph.call_function(aten.div.Tensor, (getters[0], getters[1]))
-        if "source" in node.meta:
-            mean.meta["source"] = node.meta["source"]
+        with rewriter.at(after=first):
+            mean = rewriter.call(
+                aten.div.Tensor, (getters[0], getters[1]), like=node, fake="none", name=None
+            )
         getters[0].replace_all_uses_with(
             mean, delete_user_cb=functools.partial(operator.is_not, mean)
         )

@@ -34,11 +34,12 @@ import torch
 import torch.fx
 
 from portable.errors import PlanError
+from portable.ir.rewriter import Rewriter, replaced_args
 from portable.ir.sharding import Sharding
 from portable.opset.bind import bind
 from portable.opset.table import RESHAPE, ops_with
 
-from .rules.base import arg_key, single
+from .rules.base import single
 from .rules.layout import dim_groups, sizes_argument
 from .rules.pointwise import ELEMENTWISE
 
@@ -50,7 +51,7 @@ __all__ = ["localize"]
 aten = torch.ops.aten
 
 Dims = tuple[tuple[str, ...], ...]
-Call = tuple[list[Any], dict[str, Any]]  # a call's args and kwargs
+Call = tuple[tuple[Any, ...], dict[str, Any]]  # a call's args and kwargs
 # (redistributor, value, wanted output dims, insert-before node) -> the local call, or None
 Handler = Callable[["Redistributor", torch.fx.Node, Dims, torch.fx.Node], Call | None]
 
@@ -71,10 +72,9 @@ def localize(
     if rewritten is None:
         return None
     args, kwargs = rewritten
-    with red.graph.inserting_before(before):
-        node = red.graph.call_function(target, tuple(args), kwargs)
-    if "source" in value.meta:
-        node.meta["source"] = value.meta["source"]
+    node = Rewriter(red.graph).call(
+        target, args, kwargs, like=value, fake="none", name=None, before=before
+    )
     red.record(node, want, red.global_shape[value], red.dtype[value])
     return node
 
@@ -113,19 +113,6 @@ def _local_sizes(red: Redistributor, value: torch.fx.Node, dims: Dims) -> list[i
     return list(Sharding(dims).local_shape(red.global_shape[value], red.mesh))
 
 
-def _call_with(value: torch.fx.Node, **changes: Any) -> Call:
-    """`value`'s args and kwargs with the named arguments replaced where the call passes them
-    (by position or by keyword; an argument left to its default is passed by keyword)."""
-    args, kwargs = list(value.args), dict(value.kwargs)
-    for name, new in changes.items():
-        key = arg_key(value, name)
-        if isinstance(key, int):
-            args[key] = new
-        else:
-            kwargs[name] = new
-    return args, kwargs
-
-
 def _map_tensors(
     red: Redistributor,
     value: torch.fx.Node,
@@ -141,7 +128,7 @@ def _map_tensors(
             return type(arg)(one(a) for a in arg)
         return arg
 
-    return [one(a) for a in value.args], {k: one(v) for k, v in value.kwargs.items()}
+    return tuple(one(a) for a in value.args), {k: one(v) for k, v in value.kwargs.items()}
 
 
 # ---------------------------------------------------------------------------- identities
@@ -151,7 +138,7 @@ def _creation(
     red: Redistributor, value: torch.fx.Node, dims: Dims, before: torch.fx.Node
 ) -> Call | None:
     # full(size, fill), zeros(size), ones(size), empty(size)
-    return _call_with(value, size=_local_sizes(red, value, dims))
+    return replaced_args(value, {"size": _local_sizes(red, value, dims)})
 
 
 def _elementwise(
@@ -166,7 +153,7 @@ def _expand(
 ) -> Call | None:
     x = bind(value).node("self")
     arg = _split(red, x, _aligned(red, x, red.global_shape[value], dims), before)
-    return _call_with(value, self=arg, size=_local_sizes(red, value, dims))
+    return replaced_args(value, {"self": arg, "size": _local_sizes(red, value, dims)})
 
 
 def _unsqueeze(
@@ -177,7 +164,7 @@ def _unsqueeze(
     u = u + len(dims) if u < 0 else u
     if dims[u]:
         return None
-    return _call_with(value, self=_split(red, x, dims[:u] + dims[u + 1 :], before))
+    return replaced_args(value, {"self": _split(red, x, dims[:u] + dims[u + 1 :], before)})
 
 
 def _view(
@@ -204,7 +191,7 @@ def _view(
         return None
     arg = _split(red, x, arg_dims, before)
     sizes = sizes_argument(bound)
-    return _call_with(value, **{"self": arg, sizes: _local_sizes(red, value, dims)})
+    return replaced_args(value, {"self": arg, sizes: _local_sizes(red, value, dims)})
 
 
 def _along(dim_arg: int, ndim: int) -> int:
@@ -218,7 +205,7 @@ def _slice(
     dim = _along(bound.dim, len(dims))
     if dims[dim]:
         return None
-    return _call_with(value, self=_split(red, bound.node("self"), dims, before))
+    return replaced_args(value, {"self": _split(red, bound.node("self"), dims, before)})
 
 
 def _cat(
@@ -228,7 +215,7 @@ def _cat(
     dim = _along(bound.dim, len(dims))
     if dims[dim]:
         return None
-    return _call_with(value, tensors=[_split(red, t, dims, before) for t in bound.tensors])
+    return replaced_args(value, {"tensors": [_split(red, t, dims, before) for t in bound.tensors]})
 
 
 def _index(
@@ -247,7 +234,7 @@ def _index(
         return None
     arg = _split(red, x, x_dims, before)
     parts = [_split(red, i, _aligned(red, i, bshape, dims[:nb]), before) for i in indices]
-    return _call_with(value, self=arg, indices=parts)
+    return replaced_args(value, {"self": arg, "indices": parts})
 
 
 def _embedding(
@@ -256,7 +243,7 @@ def _embedding(
     ids = bind(value).node("indices")
     if dims[-1] != single(value, red.sharding[value]).dims[-1]:
         return None
-    return _call_with(value, indices=_split(red, ids, dims[:-1], before))
+    return replaced_args(value, {"indices": _split(red, ids, dims[:-1], before)})
 
 
 _CREATION = (aten.full.default, aten.zeros.default, aten.ones.default, aten.empty.memory_format)

@@ -21,6 +21,7 @@ import torch.fx
 
 from portable.errors import PassError
 from portable.ir.plan import Mesh
+from portable.ir.rewriter import Rewriter
 from portable.ir.sharding import Sharding
 from portable.ir.spmd import Collective
 
@@ -37,6 +38,7 @@ class Redistributor:
 
     def __init__(self, graph: torch.fx.Graph, mesh: Mesh, pass_name: str) -> None:
         self.graph = graph
+        self.rewriter = Rewriter(graph)
         self.mesh = mesh
         self.pass_name = pass_name
         self.sharding: dict[torch.fx.Node, ResultSharding] = {}
@@ -145,22 +147,22 @@ class Redistributor:
         dtype = self.dtype[value]
         nbytes = math.prod(local) * dtype.itemsize
         if op == "all_reduce":
-            call = self.graph.call_function(_ops.all_reduce.default, (value, reduce_op, axis, size))
+            target, args = _ops.all_reduce.default, (value, reduce_op, axis, size)
         elif op == "reduce_scatter":
-            call = self.graph.call_function(
-                _ops.reduce_scatter.default, (value, reduce_op, dim, axis, size)
-            )
+            target, args = _ops.reduce_scatter.default, (value, reduce_op, dim, axis, size)
         elif op == "all_gather":
-            call = self.graph.call_function(_ops.all_gather.default, (value, dim, axis, size))
+            target, args = _ops.all_gather.default, (value, dim, axis, size)
         else:
-            call = self.graph.call_function(_ops.local_shard.default, (value, dim, axis, size))
-        _copy_source(value, call)
+            target, args = _ops.local_shard.default, (value, dim, axis, size)
+        # per-rank shapes in a graph of global ones: values are inferred after the pass
+        call = self.rewriter.call(target, args, like=value, fake="none", name=None)
         if op == "local_shard":
             result = call
         else:
             self.collectives.append(Collective(call.name, op, axis, size, nbytes))
-            result = self.graph.call_function(_ops.wait.default, (call,))
-            _copy_source(value, result)
+            result = self.rewriter.call(
+                _ops.wait.default, (call,), like=value, fake="none", name=None
+            )
         after_dims = [list(d) for d in dims]
         after_partial = dict(partial)
         if op in ("all_reduce", "reduce_scatter"):
@@ -187,8 +189,3 @@ def _common_prefix(a: Sequence[str], b: Sequence[str]) -> int:
     while n < len(a) and n < len(b) and a[n] == b[n]:
         n += 1
     return n
-
-
-def _copy_source(src: torch.fx.Node, dst: torch.fx.Node) -> None:
-    if "source" in src.meta:
-        dst.meta["source"] = src.meta["source"]

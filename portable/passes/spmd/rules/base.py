@@ -24,7 +24,6 @@ __all__ = [
     "ResultSharding",
     "Rule",
     "RuleContext",
-    "arg_key",
     "drop_partial",
     "merged_dims",
     "norm_dim",
@@ -154,16 +153,6 @@ def tensor_args(node: torch.fx.Node) -> list[tuple[Key, torch.fx.Node]]:
         elif isinstance(value, (list, tuple)):
             out.extend(((name, j), x) for j, x in enumerate(value) if isinstance(x, torch.fx.Node))
     return out
-
-
-def arg_key(node: torch.fx.Node, name: str) -> int | str | None:
-    """Where `node`'s call passes its op's argument `name`: the position in `node.args`, or the
-    keyword in `node.kwargs`; None when the call leaves it to its schema default. Positions
-    follow the schema as `bind` does (positional arguments in order)."""
-    positional = [a.name for a in node.target._schema.arguments if not a.kwarg_only]  # type: ignore[union-attr]
-    if name in positional and positional.index(name) < len(node.args):
-        return positional.index(name)
-    return name if name in node.kwargs else None
 
 
 def replicated_like(ctx: RuleContext, node: torch.fx.Node) -> Sharding:

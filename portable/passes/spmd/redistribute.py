@@ -146,6 +146,7 @@ class Redistributor:
         local = before.local_shape(shape, self.mesh)
         dtype = self.dtype[value]
         nbytes = math.prod(local) * dtype.itemsize
+        args: tuple[object, ...]
         if op == "all_reduce":
             target, args = _ops.all_reduce.default, (value, reduce_op, axis, size)
         elif op == "reduce_scatter":

@@ -26,7 +26,9 @@ from portable.torch_compat import copy_graph_module
 
 from .. import get_backend, registry
 from ..base import Backend, Capabilities, Lowered, Target, Written
+from .decisions import Decision
 from .dispatch import planned_launches
+from .kernels.launch import KernelLaunch
 from .layout import write_layout
 from .lowering import export_graph, kernel_graph, mx_mode, retarget_devices
 from .options import CudaOptions
@@ -39,10 +41,10 @@ __all__ = ["CudaBackend", "CudaLowered"]
 class CudaLowered:
     archs: tuple[CudaArch, ...]
     export_gm: torch.fx.GraphModule
-    decisions: list  # export-graph decisions (sdpa / triton), shared by every arch
+    decisions: list[Decision]  # export-graph decisions (sdpa / triton), shared by every arch
     kernel_gms: dict[str, torch.fx.GraphModule]  # arch name -> kernel graph
-    arch_decisions: dict[str, list]  # arch name -> MX matmul decisions
-    launches: dict[str, list]  # arch name -> KernelLaunches, in graph order
+    arch_decisions: dict[str, list[Decision]]  # arch name -> MX matmul decisions
+    launches: dict[str, list[KernelLaunch]]  # arch name -> KernelLaunches, in graph order
 
 
 class CudaBackend(Backend):
@@ -140,10 +142,13 @@ class CudaBackend(Backend):
 def _executable(lowered: Lowered, options: CudaOptions) -> Executable:
     payload: CudaLowered = lowered.payload
     device = torch.device(options.device)
-    if device.type == "cuda":
-        arch = arch_of_device(device)
-    else:
-        arch = payload.archs[0]  # on CPU every kernel is interpreted; the graph of the first arch
+    # on CPU every kernel is interpreted: the graph of the first arch
+    arch = arch_of_device(device) if device.type == "cuda" else payload.archs[0]
+    if arch is None:
+        raise BackendError(
+            f"{device} is not an sm_90 or sm_100 GPU (the archs cuda lowers for)",
+            fix="pass device= a GPU of one of those archs",
+        )
     gm = payload.kernel_gms.get(arch.name)
     if gm is None:
         gm = kernel_graph(payload.export_gm, arch, mx_mode(lowered.program))[0]

@@ -16,17 +16,19 @@ from __future__ import annotations
 import dataclasses
 import importlib
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any
 
 import torch
 
+from .kernels.launch import KernelLaunch
 from .mx_gemm import scaled_mm_mx
 from .targets import arch_of_device
 
 __all__ = ["KERNEL_OPS", "TRITON_OPS", "KernelOp", "mx_matmul", "planned_launches"]
 
 
-def _kernels(name: str):
+def _kernels(name: str) -> ModuleType:
     return importlib.import_module(f"portable.backends.cuda.kernels.{name}")
 
 
@@ -101,7 +103,7 @@ class KernelOp:
 
     kernel: str
     launcher: Callable[..., Any]
-    planner: Callable[..., list]
+    planner: Callable[..., list[KernelLaunch]]
     fake: Callable[..., Any]
 
     @property
@@ -109,14 +111,20 @@ class KernelOp:
         return getattr(torch.ops.portable_cuda, self.kernel).default
 
 
-def _define(kernel: str, schema: str, launcher, planner, fake) -> KernelOp:
+def _define(
+    kernel: str,
+    schema: str,
+    launcher: Callable[..., Any],
+    planner: Callable[..., list[KernelLaunch]],
+    fake: Callable[..., Any],
+) -> KernelOp:
     _LIB.define(f"{kernel}{schema}")
     _LIB.impl(kernel, launcher, "CompositeExplicitAutograd")
     torch.library.register_fake(f"portable_cuda::{kernel}", fake, lib=_LIB)
     return KernelOp(kernel, launcher, planner, fake)
 
 
-def _same_as(portable_op: str):
+def _same_as(portable_op: str) -> Callable[..., Any]:
     """A fake kernel that is the portable op's own (same shapes and dtypes)."""
     return lambda *args: getattr(torch.ops.portable, portable_op)(*args)
 
@@ -176,9 +184,9 @@ TRITON_OPS: dict[str, KernelOp] = {
 _BY_OP = {k.op: k for k in KERNEL_OPS.values()}
 
 
-def planned_launches(gm: torch.fx.GraphModule) -> list:
+def planned_launches(gm: torch.fx.GraphModule) -> list[KernelLaunch]:
     """Every KernelLaunch a kernel graph makes, planned from its nodes' fake values."""
-    plans = []
+    plans: list[KernelLaunch] = []
     for node in gm.graph.nodes:
         kernel = _BY_OP.get(node.target) if node.op == "call_function" else None
         if kernel is None:

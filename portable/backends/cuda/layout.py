@@ -18,18 +18,21 @@ import shutil
 import tempfile
 from collections import Counter
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from portable.errors import BackendError
-from portable.ir.program import ProgramKind
+from portable.ir.program import Program, ProgramKind
 
 from ..base import Lowered
 from . import aot
 from .options import CudaOptions
 from .pt2 import buffer_name, export_program, save_pt2
-from .targets import arch_of_capability
+from .targets import CudaArch, arch_of_capability
+
+if TYPE_CHECKING:  # backend.py imports this module
+    from .backend import CudaLowered
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "write_layout"]
 
@@ -66,7 +69,7 @@ def write_layout(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path
 
 
 def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
-    payload = lowered.payload
+    payload: CudaLowered = lowered.payload
     program = lowered.program
     files: list[Path] = []
     for name, text in lowered.texts.items():
@@ -122,7 +125,7 @@ def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
             "sha256": _sha256(pt2),
             "call": _CALLS[program.kind],
             "load": "portable.backends.cuda.load_pt2(path).module()",
-            "buffers": {buffer_name(s.target): s.target for s in program.signature.state_inputs},
+            "buffers": {buffer_name(s.key): s.key for s in program.signature.state_inputs},
         },
         "ops": dict(Counter(d.impl for d in payload.decisions)),
         "decisions": [d.to_json() for d in payload.decisions],
@@ -134,7 +137,7 @@ def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
     return [*files, path]
 
 
-def _native_and_emulated(payload, arch) -> dict[str, Any]:
+def _native_and_emulated(payload: CudaLowered, arch: CudaArch) -> dict[str, Any]:
     """Per arch: which of the program's numerics run on native hardware paths and which are
     emulated (MX matmuls without native block-scaled GEMM run as dequantize -> matmul), and
     which Triton kernels run."""
@@ -152,7 +155,7 @@ def _native_and_emulated(payload, arch) -> dict[str, Any]:
     }
 
 
-def _write_aot_inductor(out: Path, program, payload) -> dict[str, Any]:
+def _write_aot_inductor(out: Path, program: Program, payload: CudaLowered) -> dict[str, Any]:
     """AOTInductor package of the export graph for the arch of the CUDA device present."""
     if not torch.cuda.is_available():
         raise BackendError(
@@ -161,7 +164,14 @@ def _write_aot_inductor(out: Path, program, payload) -> dict[str, Any]:
             fix="drop --aot here (kernels, PTX/cubin and the .pt2 are still written), or run "
             "`portable lower --aot` on a GPU machine",
         )
-    arch = arch_of_capability(*torch.cuda.get_device_capability())
+    capability = torch.cuda.get_device_capability()
+    arch = arch_of_capability(*capability)
+    if arch is None:
+        raise BackendError(
+            f"--aot compiles for the CUDA device present, of compute capability "
+            f"{capability[0]}.{capability[1]}; cuda targets sm_90 and sm_100",
+            fix="run `portable lower --aot` on an sm_90 or sm_100 GPU, or drop --aot",
+        )
     from torch.export.passes import move_to_device_pass
 
     from . import ops  # noqa: F401 (CUDA kernels of the portable ops)

@@ -22,12 +22,14 @@ manifest records.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
 
 from portable.ir.program import Program
 from portable.opset import lookup, op_name
+from portable.opset.bind import bind
 from portable.torch_compat import copy_graph_module
 
 from . import dispatch
@@ -42,31 +44,17 @@ aten = torch.ops.aten
 portable = torch.ops.portable
 
 
-def _args(node: torch.fx.Node) -> dict[str, Any]:
-    """The node's arguments by schema name, defaults filled in."""
-    schema = node.target._schema  # type: ignore[union-attr]
-    bound: dict[str, Any] = {}
-    for i, arg in enumerate(schema.arguments):
-        if i < len(node.args):
-            bound[arg.name] = node.args[i]
-        elif arg.name in node.kwargs:
-            bound[arg.name] = node.kwargs[arg.name]
-        else:
-            bound[arg.name] = arg.default_value if arg.has_default_value() else None
-    return bound
-
-
-def _full_args(node: torch.fx.Node) -> tuple[tuple, dict]:
+def _full_args(node: torch.fx.Node) -> tuple[tuple[Any, ...], dict[str, Any]]:
     """The node's arguments, all positional, defaults filled in (kernel ops have no defaults)."""
-    return tuple(_args(node).values()), {}
+    return tuple(bind(node).values()), {}
 
 
-def _shape(value: Any) -> tuple:
+def _shape(value: Any) -> tuple[int | str, ...]:
     """The recorded shape of a graph value (dims are ints or symbol names); () for a non-node."""
     return tuple(value.meta["tensor"].shape) if isinstance(value, torch.fx.Node) else ()
 
 
-def sdpa_covers(args: dict[str, Any]) -> tuple[bool, str]:
+def sdpa_covers(args: Mapping[str, Any]) -> tuple[bool, str]:
     """Whether PyTorch's scaled_dot_product_attention computes this attention as it is.
 
     SDPA refuses `attn_mask` together with `is_causal`; everything else portable's attention
@@ -76,7 +64,14 @@ def sdpa_covers(args: dict[str, Any]) -> tuple[bool, str]:
     return True, ""
 
 
-def _replace(graph: torch.fx.Graph, node: torch.fx.Node, target: Any, args, kwargs=None):
+def _replace(
+    graph: torch.fx.Graph,
+    node: torch.fx.Node,
+    target: Any,
+    args: Sequence[Any],
+    kwargs: dict[str, Any] | None = None,
+) -> torch.fx.Node:
+    """A call of `target` takes `node`'s place: same metadata, same users; `node` is erased."""
     with graph.inserting_before(node):
         new = graph.call_function(target, tuple(args), kwargs or {})
     new.meta = dict(node.meta)
@@ -110,7 +105,7 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
             continue
         name = op_name(node.target)
         if name == "portable.attention.default":
-            a = _args(node)
+            a = bind(node)
             covered, why = sdpa_covers(a)
             if not covered:
                 decisions.append(decision(node, name, "triton:attention", why))
@@ -124,7 +119,7 @@ def export_graph(program: Program) -> tuple[torch.fx.GraphModule, list[Decision]
             decisions.append(decision(node, name, "sdpa"))
         elif name in _ATEN_EQUIVALENTS:
             target, names = _ATEN_EQUIVALENTS[name]
-            a = _args(node)
+            a = bind(node)
             _replace(graph, node, target, tuple(a[n] for n in names))
         elif name in dispatch.TRITON_OPS:
             decisions.append(decision(node, name, f"triton:{dispatch.TRITON_OPS[name].kernel}"))
@@ -166,12 +161,16 @@ def kernel_graph(
     for node in list(graph.nodes):
         if node.op != "call_function" or lookup(node.target) is None:
             continue
-        if node.target is aten._softmax.default and not node.args[2]:
-            # softmax(x, dim) == scale_mask_softmax(x, None, 1.0, dim): one fused row kernel
-            smax = dispatch.KERNEL_OPS["scale_mask_softmax"].op
-            _replace(graph, node, smax, (node.args[0], None, 1.0, node.args[1]))
-            decisions.append(decision(node, "aten._softmax.default", "triton:scale_mask_softmax"))
-            continue
+        if node.target is aten._softmax.default:
+            b = bind(node)
+            if not b.literal("half_to_float"):
+                # softmax(x, dim) == scale_mask_softmax(x, None, 1.0, dim): one fused row kernel
+                smax = dispatch.KERNEL_OPS["scale_mask_softmax"].op
+                _replace(graph, node, smax, (b.node("self"), None, 1.0, b.literal("dim")))
+                decisions.append(
+                    decision(node, "aten._softmax.default", "triton:scale_mask_softmax")
+                )
+                continue
         entry = dispatch.TRITON_OPS.get(op_name(node.target))
         if entry is not None:
             _replace(graph, node, entry.op, *_full_args(node))

@@ -18,10 +18,14 @@ why. On archs without native MX every match is recorded as emulated. The GEMM it
 
 from __future__ import annotations
 
+import dataclasses
+
 import torch
 
+from portable.ir.rewriter import Rewriter
 from portable.ir.signature import TensorSpec
 from portable.ir.source import source_of
+from portable.opset.bind import bind
 
 from .decisions import Decision
 from .dispatch import KERNEL_OPS
@@ -34,88 +38,109 @@ aten = torch.ops.aten
 _TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int}
 
 
-def _dequantize(node) -> dict | None:
+Dim = int | str  # a recorded dim: an int, or a symbol's name (dynamic)
+
+
+@dataclasses.dataclass(frozen=True)
+class _MXOperand:
+    """A 2-D mx_dequantize read by a matmul: its codes and scales, format, output dtype, block
+    size, blocked dim (0 or 1) and recorded shape. `flip`: whether codes and scales need a
+    transpose to be [rows, K] blocked along dim 1 (set by `_operand`)."""
+
+    codes: torch.fx.Node
+    scales: torch.fx.Node
+    format: str
+    dtype: torch.dtype
+    block: int
+    axis: int
+    shape: tuple[Dim, Dim]
+    flip: bool = False
+
+
+def _dequantize(node: torch.fx.Node | None) -> _MXOperand | None:
     """The 2-D mx_dequantize that `node` is, with its operands."""
-    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
+    if node is None or node.op != "call_function":
         return None
     if node.target is not torch.ops.portable.mx_dequantize.default:
         return None
-    codes, scales, fmt, axis, dtype = node.args[:5]
-    block = node.args[5] if len(node.args) > 5 else node.kwargs.get("block_size", 32)
-    shape = tuple(node.meta["tensor"].shape)  # recorded dims: ints, or symbols (dynamic)
+    shape = tuple(node.meta["tensor"].shape)
     if len(shape) != 2:
         return None
-    return {
-        "codes": codes,
-        "scales": scales,
-        "format": fmt,
-        "dtype": dtype,
-        "block": block,
-        "axis": axis % 2,
-        "shape": shape,
-    }
+    args = bind(node)
+    return _MXOperand(
+        codes=args.node("codes"),
+        scales=args.node("scales"),
+        format=args.literal("format"),
+        dtype=args.literal("dtype"),
+        block=args.literal("block_size"),
+        axis=args.literal("axis") % 2,
+        shape=(shape[0], shape[1]),
+    )
 
 
-def _transposed(node) -> torch.fx.Node | None:
+def _transposed(node: torch.fx.Node) -> torch.fx.Node | None:
     """x if `node` is a 2-D transpose of x."""
-    if not (isinstance(node, torch.fx.Node) and node.op == "call_function"):
+    if node.op != "call_function" or node.target not in _TRANSPOSES:
         return None
-    if node.target is aten.permute.default and [d % 2 for d in node.args[1]] != [1, 0]:
-        return None
-    if node.target is aten.transpose.int and {d % 2 for d in node.args[1:3]} != {0, 1}:
-        return None
-    return node.args[0] if node.target in _TRANSPOSES else None
+    args = bind(node)
+    if node.target is aten.permute.default:
+        swaps = [d % 2 for d in args.literal("dims")] == [1, 0]
+    elif node.target is aten.transpose.int:
+        swaps = {args.literal("dim0") % 2, args.literal("dim1") % 2} == {0, 1}
+    else:  # t
+        swaps = True
+    return args.node("self") if swaps else None
 
 
-def _operand(node, contraction: int) -> dict | None:
+def _operand(node: torch.fx.Node, contraction: int) -> _MXOperand | None:
     """A matmul operand that is a dequantized MX tensor blocked along the GEMM's contraction
     dim (`contraction` = 1 for the lhs [M, K], 0 for the rhs [K, N]), directly or through a
     transpose. Returns it oriented as [rows, K] blocked along dim 1 (what the native GEMM takes:
     the lhs as is, the rhs as its [N, K] transpose), with `flip` saying whether the codes and
     scales need a transpose to get there."""
     direct = _dequantize(node)
-    if direct is not None and direct["axis"] == contraction:
-        direct["flip"] = contraction == 0
-        return direct
+    if direct is not None and direct.axis == contraction:
+        return dataclasses.replace(direct, flip=contraction == 0)
     inner = _dequantize(_transposed(node))
-    if inner is not None and inner["axis"] == 1 - contraction:
-        inner["flip"] = contraction == 1
-        return inner
+    if inner is not None and inner.axis == 1 - contraction:
+        return dataclasses.replace(inner, flip=contraction == 1)
     return None
 
 
-def _oriented(graph: torch.fx.Graph, operand: dict) -> tuple:
+def _t(rw: Rewriter, x: torch.fx.Node) -> torch.fx.Node:
+    """t(x) at the insertion point, its recorded shape reversed (dims may be symbols)."""
+    spec = x.meta["tensor"]
+    tensor = TensorSpec(tuple(reversed(spec.shape)), spec.dtype)
+    return rw.call(aten.t.default, (x,), tensor=tensor, name=None)  # fx's naming: %t_default
+
+
+def _oriented(rw: Rewriter, operand: _MXOperand) -> tuple[torch.fx.Node, torch.fx.Node]:
     """(codes, scales) as [rows, K] / [rows, K // 32] graph values (transposing if needed)."""
-    if not operand["flip"]:
-        return operand["codes"], operand["scales"]
-    codes = graph.call_function(aten.t.default, (operand["codes"],))
-    scales = graph.call_function(aten.t.default, (operand["scales"],))
-    for new, old in ((codes, operand["codes"]), (scales, operand["scales"])):
-        new.meta["val"] = old.meta["val"].t()
-        spec = old.meta["tensor"]
-        new.meta["tensor"] = TensorSpec(tuple(reversed(spec.shape)), spec.dtype)
-    return codes, scales
+    if not operand.flip:
+        return operand.codes, operand.scales
+    codes = _t(rw, operand.codes)
+    return codes, _t(rw, operand.scales)
 
 
-def _rows_k(operand: dict) -> tuple[int, int]:
-    rows, k = operand["shape"]
-    return (k, rows) if operand["flip"] and operand["axis"] == 0 else (rows, k)
+def _rows_k(operand: _MXOperand) -> tuple[Dim, Dim]:
+    rows, k = operand.shape
+    return (k, rows) if operand.flip and operand.axis == 0 else (rows, k)
 
 
-def _native_refusal(a: dict, b: dict) -> str:
+def _native_refusal(a: _MXOperand, b: _MXOperand) -> str:
     """Why cuBLAS's block-scaled GEMM cannot take these operands ("" if it can)."""
     (m, k), (n, _) = _rows_k(a), _rows_k(b)
-    if a["format"] != b["format"] or a["format"] not in NATIVE_FORMATS:
-        return f"format {a['format']}/{b['format']}: native MX matmul here takes e4m3 or e5m2"
-    if a["block"] != 32 or b["block"] != 32:
+    if a.format != b.format or a.format not in NATIVE_FORMATS:
+        return f"format {a.format}/{b.format}: native MX matmul here takes e4m3 or e5m2"
+    if a.block != 32 or b.block != 32:
         return "block size must be 32"
-    dynamic = [d for d in (m, n, k) if isinstance(d, str)]
-    if dynamic:
+    if not (isinstance(m, int) and isinstance(n, int) and isinstance(k, int)):
+        dynamic = [d for d in (m, n, k) if isinstance(d, str)]
         return f"dynamic dims {', '.join(dynamic)}: the GEMM needs static M, N and K"
     if m % 16 or n % 16 or k % 32:
         return f"M={m}, N={n}, K={k}: the GEMM needs M, N multiples of 16 and K of 32"
-    if a["dtype"] not in (torch.bfloat16, torch.float16, torch.float32):
-        return f"output dtype {a['dtype']}"
+    if a.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        return f"output dtype {a.dtype}"
     return ""
 
 
@@ -128,12 +153,17 @@ def rewrite_mx_matmuls(
     (fake quantization means emulation on every target); "real" or hand-written MX ops use the
     native GEMM where the arch has one."""
     mx_matmul = KERNEL_OPS["mx_matmul"].op
-    decisions = []
+    decisions: list[Decision] = []
     graph = gm.graph
+    rw = Rewriter(graph)
     for node in list(graph.nodes):
         if node.op != "call_function" or node.target not in (aten.mm.default, aten.addmm.default):
             continue
-        bias, lhs, rhs = (None, *node.args[:2]) if node.target is aten.mm.default else node.args[:3]
+        args = bind(node)
+        if node.target is aten.mm.default:
+            bias, lhs, rhs = None, args.node("self"), args.node("mat2")
+        else:  # addmm(bias, lhs, rhs)
+            bias, lhs, rhs = args.node("self"), args.node("mat1"), args.node("mat2")
         a, b = _operand(lhs, 1), _operand(rhs, 0)
         if a is None or b is None:
             continue
@@ -148,15 +178,14 @@ def rewrite_mx_matmuls(
         if why:
             decisions.append(Decision(node.name, "mx_matmul", "emulated-mx", why, where))
             continue
-        with graph.inserting_before(node):
-            a_codes, a_scales = _oriented(graph, a)
-            b_codes, b_scales = _oriented(graph, b)
+        with rw.at(before=node):
+            a_codes, a_scales = _oriented(rw, a)
+            b_codes, b_scales = _oriented(rw, b)
             new = graph.call_function(
-                mx_matmul, (a_codes, a_scales, b_codes, b_scales, a["format"], a["dtype"], bias)
+                mx_matmul, (a_codes, a_scales, b_codes, b_scales, a.format, a.dtype, bias)
             )
-        new.meta = dict(node.meta)
-        node.replace_all_uses_with(new)
-        graph.erase_node(node)
+        new.meta = dict(node.meta)  # the matmul's value, type and source line
+        rw.replace(node, new)
         decisions.append(Decision(new.name, "mx_matmul", "native-mx", "", where))
     graph.eliminate_dead_code()
     return decisions

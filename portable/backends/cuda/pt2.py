@@ -24,7 +24,7 @@ import torch
 
 from portable.errors import ArchiveError, LoweringError
 from portable.ir.program import Program, ProgramKind
-from portable.ir.signature import InputKind, OutputKind
+from portable.ir.signature import InputKind, OutputKind, OutputSpec
 from portable.torch_compat import quiet_internal_warnings
 
 from .values import concrete_shape
@@ -42,26 +42,36 @@ class ProgramModule(torch.nn.Module):
     def __init__(self, program: Program, gm: torch.fx.GraphModule) -> None:
         super().__init__()
         self.graph_module = gm
-        self._inputs = [(i.kind, i.target) for i in program.signature.inputs]
-        self._outputs = [(o.kind, o.target) for o in program.signature.outputs]
+        self._inputs = program.signature.inputs
+        self._outputs = _write_backs(program.signature.outputs)
         self._training = program.kind is ProgramKind.TRAINING_STEP
         for spec in program.signature.state_inputs:
-            self.register_buffer(buffer_name(spec.target), program.weights[spec.target].clone())
+            self.register_buffer(buffer_name(spec.key), program.weights[spec.key].clone())
 
-    def forward(self, *inputs: torch.Tensor):
+    def forward(self, *inputs: torch.Tensor) -> torch.Tensor | tuple[torch.Tensor, ...]:
         it = iter(inputs)
         flat = [
-            next(it) if kind is InputKind.USER_INPUT else getattr(self, buffer_name(target))
-            for kind, target in self._inputs
+            next(it) if i.kind is InputKind.USER_INPUT else getattr(self, buffer_name(i.key))
+            for i in self._inputs
         ]
         outputs = self.graph_module(*flat)
         results = []
         for (kind, target), value in zip(self._outputs, outputs, strict=True):
-            if kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE):
+            if target is not None:  # an updated value, written back into its buffer
                 getattr(self, buffer_name(target)).copy_(value)
             elif kind in (OutputKind.LOSS, OutputKind.OUTPUT):
                 results.append(value)
         return results[0] if len(results) == 1 else tuple(results)
+
+
+# The .pt2 records ProgramModule.forward's source lines (its nodes' stack traces): edits that
+# move `self.graph_module(*flat)` or the `copy_` line change every archive's bytes.
+
+
+def _write_backs(outputs: tuple[OutputSpec, ...]) -> list[tuple[OutputKind, str | None]]:
+    """Per output: its kind, and the weight key an updated value is written back to (else None)."""
+    updates = (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE)
+    return [(o.kind, o.key if o.kind in updates else None) for o in outputs]
 
 
 def _example_inputs(program: Program) -> tuple[tuple[torch.Tensor, ...], Any]:

@@ -25,6 +25,7 @@ from portable.errors import LoweringError
 from portable.ir.program import Program
 from portable.ir.signature import TensorSpec
 from portable.ir.source import source_of
+from portable.opset.bind import bind
 
 __all__ = ["annotate_fake_values", "concrete_shape", "planning_size"]
 
@@ -73,12 +74,15 @@ def annotate_fake_values(gm: torch.fx.GraphModule, program: Program) -> None:
 
 
 def _fake_call(node: torch.fx.Node, mode: FakeTensorMode) -> Any:
+    if node.target is operator.getitem:  # an element of a tuple-valued op's fake value
+        item = bind(node)
+        return item.node("self").meta["val"][item.literal("index")]
+    target = node.target
+    assert callable(target), "a call_function node calls its target"
     args, kwargs = torch.fx.node.map_arg((node.args, node.kwargs), lambda n: n.meta["val"])
-    if node.target is operator.getitem:
-        return args[0][args[1]]
     try:
         with mode:
-            return node.target(*args, **kwargs)
+            return target(*args, **kwargs)
     except Exception as exc:  # a fake kernel rejecting its inputs: the op's own error text
         src = source_of(node)
         raise LoweringError(

@@ -58,15 +58,15 @@ MAX_HEAD_DIM = 256
 
 @triton.jit
 def _attention_fwd(
-    Q, K, V, Out, M, scale,
-    Hq, group, Lq, Lk, D, Dv,
-    sqb, sqh, sqm, skb, skh, skn, svb, svh, svn, sob, soh, som, smb, smh, smm,
-    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr,
-    HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, MASK_BCAST_N: tl.constexpr,
-    IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
-):  # fmt: skip
-    # program id -> (query block, batch * head), query blocks fastest so that neighbouring
-    # programs share k/v in L2
+    Q: tl.tensor, K: tl.tensor, V: tl.tensor, Out: tl.tensor, M: tl.tensor, scale: tl.tensor,
+    Hq: tl.tensor, group: tl.tensor, Lq: tl.tensor, Lk: tl.tensor, D: tl.tensor, Dv: tl.tensor,
+    sqb: tl.tensor, sqh: tl.tensor, sqm: tl.tensor, skb: tl.tensor, skh: tl.tensor, skn: tl.tensor,
+    svb: tl.tensor, svh: tl.tensor, svn: tl.tensor, sob: tl.tensor, soh: tl.tensor, som: tl.tensor,
+    smb: tl.tensor, smh: tl.tensor, smm: tl.tensor, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    BLOCK_D: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
+    MASK_BCAST_N: tl.constexpr, IS_CAUSAL: tl.constexpr, INPUT_PRECISION: tl.constexpr,
+) -> None:  # fmt: skip
+    # program id -> (query block, batch * head), query blocks fastest: neighbours share k/v in L2
     num_m = tl.cdiv(Lq, BLOCK_M)
     pid = tl.program_id(0)
     pid_m = pid % num_m
@@ -244,7 +244,8 @@ def _layout(q: Any, k: Any, v: Any, mask: Any) -> _Layout:
         strides = broadcast_strides(mask_shape, target)
         sizes, (lead_st,) = merge_dims(lead, strides[: len(lead)])
     smb = lead_st[0] if lead_st else 0
-    return _Layout(batch, hq, hk, lq, lk, d, dv, (smb, *strides[-3:]), mask_shape)
+    mask_strides = (smb, strides[-3], strides[-2], strides[-1])
+    return _Layout(batch, hq, hk, lq, lk, d, dv, mask_strides, mask_shape)
 
 
 _INT_PARAMS = (
@@ -362,6 +363,7 @@ def attention(
     out = q.new_empty((*q.shape[:-1], v.shape[-1]))
     if mask is not None:
         m = mask.to(q.device)
+        assert lay.mask_shape is not None  # _layout sets it whenever there is a mask
         if lay.mask_shape != tuple(mask.shape):  # expanded over the leading dims (see _layout)
             m = m.reshape((1,) * (len(lay.mask_shape) - m.dim()) + tuple(m.shape))
             m = m.expand(lay.mask_shape)

@@ -86,8 +86,8 @@ def _ceil_byte(bits):
 
 
 @triton.jit
-def _scale_byte(amax, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
-                INV_MAX_BITS: tl.constexpr):  # fmt: skip
+def _scale_byte(amax: tl.tensor, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexpr,
+                INV_MAX_BITS: tl.constexpr) -> tl.tensor:  # fmt: skip
     """E8M0 byte (int32) of blocks whose |x| maximum has the fp32 bits `amax`."""
     if RULE == _FLOOR:
         b = tl.maximum((amax >> 23) - EMAX, 0)
@@ -104,8 +104,8 @@ def _scale_byte(amax, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: tl.constexp
 
 
 @triton.jit
-def _encode(x_bits, b, FMT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-            EMIN: tl.constexpr, MAX_CODE: tl.constexpr):  # fmt: skip
+def _encode(x_bits: tl.tensor, b: tl.tensor, FMT: tl.constexpr, BITS: tl.constexpr,
+            MBITS: tl.constexpr, EMIN: tl.constexpr, MAX_CODE: tl.constexpr) -> tl.tensor:  # fmt: skip
     """int32 codes (0..255) of a [BLOCKS, N] tile of fp32 bits with per-block bytes `b`."""
     rs = tl.where(b == 254, 0x400000, (254 - b) << 23)
     rs = tl.where(b == 255, 0x3F800000, rs).to(tl.float32, bitcast=True)  # 255: codes dropped
@@ -127,8 +127,8 @@ def _encode(x_bits, b, FMT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexp
 
 
 @triton.jit
-def _decode(code, FMT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
-            EMIN: tl.constexpr):  # fmt: skip
+def _decode(code: tl.tensor, FMT: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr,
+            EMIN: tl.constexpr) -> tl.tensor:  # fmt: skip
     """fp32 element values of int32 codes (bits above BITS ignored)."""
     if FMT == _INT8:
         v = ((code ^ 0x80) - 0x80).to(tl.float32) * 0.015625
@@ -166,11 +166,11 @@ def _store_values(OUT, offs, v, mask):
 
 @triton.jit
 def mx_quantize_kernel(
-    X, CODES, SCALES, n_blocks, inner,
+    X: tl.tensor, CODES: tl.tensor, SCALES: tl.tensor, n_blocks: tl.tensor, inner: tl.tensor,
     FMT: tl.constexpr, RULE: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr,
     BLOCKS: tl.constexpr, BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
     EMAX: tl.constexpr, MAX_CODE: tl.constexpr, INV_MAX_BITS: tl.constexpr,
-):  # fmt: skip
+) -> None:  # fmt: skip
     blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     ok = blk < n_blocks
     row = blk // inner
@@ -201,10 +201,10 @@ def mx_quantize_kernel(
 
 @triton.jit
 def mx_dequantize_kernel(
-    CODES, SCALES, OUT, n_blocks, inner,
+    CODES: tl.tensor, SCALES: tl.tensor, OUT: tl.tensor, n_blocks: tl.tensor, inner: tl.tensor,
     FMT: tl.constexpr, BLOCK_SIZE: tl.constexpr, BLOCK_P2: tl.constexpr, BLOCKS: tl.constexpr,
     BITS: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-):  # fmt: skip
+) -> None:  # fmt: skip
     blk = tl.program_id(0).to(tl.int64) * BLOCKS + tl.arange(0, BLOCKS)
     ok = blk < n_blocks
     row = blk // inner
@@ -241,8 +241,8 @@ def _format_constexprs(fmt: MXFormat) -> dict[str, int]:
     return {"BITS": fmt.bits, "MBITS": fmt.mbits, "EMIN": fmt.emin}
 
 
-def _launch(kernel: str, fn, pointers: dict[str, str], n_blocks: int, inner: int,
-            constexprs: dict) -> list[launch.KernelLaunch]:  # fmt: skip
+def _launch(kernel: str, fn: object, pointers: dict[str, str], n_blocks: int, inner: int,
+            constexprs: dict[str, int]) -> list[launch.KernelLaunch]:  # fmt: skip
     if n_blocks == 0:
         return []
     itype = int_type(n_blocks, inner)

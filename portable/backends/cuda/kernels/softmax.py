@@ -41,10 +41,10 @@ MAX_BLOCK_R = 16
 
 @triton.jit
 def _scores(
-    X, M, x_row, m_row, cols, row_ok, N, scale, sxn, smn,
-    HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
-    X_UNIT_N: tl.constexpr, M_UNIT_N: tl.constexpr,
-):  # fmt: skip
+    X: tl.tensor, M: tl.tensor, x_row: tl.tensor, m_row: tl.tensor, cols: tl.tensor,
+    row_ok: tl.tensor, N: tl.tensor, scale: tl.tensor, sxn: tl.tensor, smn: tl.tensor,
+    HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr, X_UNIT_N: tl.constexpr, M_UNIT_N: tl.constexpr,
+) -> tl.tensor:  # fmt: skip
     """s = x * scale + mask for one [BLOCK_R, BLOCK_N] tile in fp32; -inf where masked or
     outside the tensor."""
     ok = row_ok[:, None] & (cols[None, :] < N)
@@ -63,14 +63,14 @@ def _scores(
 
 @triton.jit
 def _scale_mask_softmax_fwd(
-    X, Y, M, scale,
-    n_rows, R1, R2, N,
-    sx0, sx1, sx2, sxn,
-    sm0, sm1, sm2, smn,
+    X: tl.tensor, Y: tl.tensor, M: tl.tensor, scale: tl.tensor,
+    n_rows: tl.tensor, R1: tl.tensor, R2: tl.tensor, N: tl.tensor,
+    sx0: tl.tensor, sx1: tl.tensor, sx2: tl.tensor, sxn: tl.tensor,
+    sm0: tl.tensor, sm1: tl.tensor, sm2: tl.tensor, smn: tl.tensor,
     BLOCK_R: tl.constexpr, BLOCK_N: tl.constexpr, SINGLE_BLOCK: tl.constexpr,
     HAS_MASK: tl.constexpr, MASK_IS_BOOL: tl.constexpr,
     X_UNIT_N: tl.constexpr, M_UNIT_N: tl.constexpr,
-):  # fmt: skip
+) -> None:  # fmt: skip
     rows = tl.program_id(0).to(tl.int64) * BLOCK_R + tl.arange(0, BLOCK_R)
     row_ok = rows < n_rows
     i2 = rows % R2
@@ -164,7 +164,7 @@ def _layout(x: Any, mask: Any, dim: int) -> _Layout:
         m_st = broadcast_strides(mask_shape, shape)
     lead = [i for i in range(len(shape)) if i != d]
 
-    def merged(m_st):
+    def merged(m_st: tuple[int, ...]) -> tuple[list[int], list[list[int]]]:
         return merge_dims(
             [shape[i] for i in lead], [x_st[i] for i in lead], [m_st[i] for i in lead]
         )
@@ -173,6 +173,7 @@ def _layout(x: Any, mask: Any, dim: int) -> _Layout:
     if len(sizes) > 3:
         # an irregular broadcast over many dims: expand the mask over the row dims (not `dim`),
         # which leaves x's own two row groups (before and after `dim`)
+        assert mask_shape is not None  # x's own row dims merge into those two groups
         padded = (1,) * (len(shape) - len(mask_shape)) + mask_shape
         mask_shape = tuple(shape[i] if i != d else padded[d] for i in range(len(shape)))
         m_st = broadcast_strides(mask_shape, shape)
@@ -266,6 +267,7 @@ def scale_mask_softmax(
     y = torch.empty_like(x, memory_format=torch.contiguous_format)
     if mask is not None:
         m = mask.to(x.device)
+        assert lay.mask_shape is not None  # _layout sets it whenever there is a mask
         if lay.mask_shape != tuple(mask.shape):  # expanded over the row dims (see _layout)
             m = m.reshape((1,) * (x.dim() - m.dim()) + tuple(m.shape)).expand(lay.mask_shape)
         m = m.contiguous()

@@ -480,6 +480,30 @@ def test_gradient_gemms_in_either_orientation_go_native_on_sm_100():
         torch.testing.assert_close(g, w, rtol=1e-6, atol=1e-6)
 
 
+class _MXScaledAddmm(torch.nn.Module):
+    """beta * bias + alpha * (dq(x) @ dq(w)): the native GEMM has no alpha or beta."""
+
+    def forward(self, bias, x, w):
+        ops = torch.ops.portable
+
+        def qdq(t, axis):
+            codes, scales = ops.mx_quantize(t, "e4m3", axis, "rceil", 32)
+            return ops.mx_dequantize(codes, scales, "e4m3", axis, torch.float32, 32)
+
+        return torch.addmm(bias, qdq(x, 1), qdq(w, 0), beta=0.5, alpha=2.0)
+
+
+def test_addmm_with_alpha_or_beta_stays_emulated_and_right_on_sm_100():
+    torch.manual_seed(0)
+    inputs = (torch.randn(16, 32), torch.randn(16, 64), torch.randn(64, 32))
+    program = portable.capture(_MXScaledAddmm(), inputs)
+    (decision,) = portable.lower(program, "cuda:sm_100").lowered.payload.arch_decisions["sm_100"]
+    assert decision.impl == "emulated-mx" and "alpha or beta" in decision.reason
+    got = _interpreted(program, "sm_100")(*inputs)
+    want = portable.compile(program, backend="cpu")(*inputs)
+    torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+
+
 def test_fake_quantization_stays_emulated_on_sm_100():
     program = portable.capture(_MXLinear("e4m3"), (torch.randn(16, 64),))
     program.metadata["mx_quantize"] = {"mode": "fake"}

@@ -173,6 +173,8 @@ def rewrite_mx_matmuls(
             why = "mx-quantize mode=fake: fake quantization is emulated on every target"
         elif not arch.native_mx:
             why = f"{arch.name} has no MX matmul"
+        elif node.target is aten.addmm.default and (args.beta != 1 or args.alpha != 1):
+            why = "addmm with alpha or beta other than 1: the native GEMM adds the bias as is"
         else:
             why = _native_refusal(a, b)
         if why:

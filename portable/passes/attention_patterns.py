@@ -304,7 +304,7 @@ def _additive_slot(found: ScaleMask) -> bool:
 
 
 def _has_alpha(node: Node) -> bool:
-    return node.kwargs.get("alpha", 1) != 1
+    return bind(node).get("alpha") != 1
 
 
 def _scores_side(value: Any) -> bool:
@@ -344,7 +344,8 @@ def match_attention(
     d = shape(q3)[-1]
     q = _operand(q3, (b, h, lq, d))
     kt = logical(kt3, (b, h, d, lk))
-    k, k_perm = (transpose_of(kt, 4), None) if kt is not None else (None, None)
+    k: Node | Flat | None = transpose_of(kt, 4) if kt is not None else None
+    k_perm: list[int] | None = None
     if k is None and is_op(kt, aten.permute.default):
         perm = list(typing.cast(list, bind(typing.cast(Node, kt)).dims))
         k_perm = perm[:2] + [perm[3], perm[2]]
@@ -422,7 +423,8 @@ def _causal(mask: Node, lq: int, lk: int) -> bool:
 def _probs(softmax: Node, training: bool) -> tuple[Node, Node, list[str]] | Miss:
     """(P3, the output bmm, tags): softmax ~> P3 with bmm(P3, v3) among P3's users; `~>` here
     also passes permutes of size-1 dims and unsqueezes that keep the element order."""
-    node, tags, chain = softmax, [], [softmax]
+    node, chain = softmax, [softmax]
+    tags: list[str] = []
     for _ in range(12):
         forward = [u for u in node.users if not is_op(u, SOFTMAX_BACKWARD)]
         out = [u for u in forward if is_op(u, BMM) and bind(u).self is node]
@@ -470,9 +472,9 @@ def _peel_inference(found: Attention) -> None:
             found.tags.append("gqa-repeat")
 
 
-def _unrepeat(x: Node) -> Node | None:
+def _unrepeat(x: Node | Flat) -> Node | None:
     """kv for x = reshape(clone(expand(unsqueeze(kv, 2), [B, Hkv, n, L, D])), [B, Hkv*n, L, D])."""
-    if not is_op(x, RESHAPES):
+    if not isinstance(x, Node) or not is_op(x, RESHAPES):
         return None
     e = operand(x, "self")
     while is_op(e, aten.clone.default):

@@ -276,7 +276,8 @@ def _forward_nodes(program: Program) -> set[Node]:
     nodes = set(program.graph.nodes)
     if program.kind is not ProgramKind.TRAINING_STEP:
         return nodes
-    outputs = typing.cast(tuple, program.graph.output_node().args[0])
+    (outputs,) = program.graph.output_node().args
+    assert isinstance(outputs, (tuple, list))  # one flat sequence of values (the verifier's rule)
     kinds = [o.kind for o in program.signature.outputs]
     losses = [v for v, k in zip(outputs, kinds, strict=True) if k is OutputKind.LOSS]
     return _ancestors(v for v in losses if isinstance(v, Node))

@@ -110,7 +110,7 @@ def _scalar_constants(program: Program) -> dict[Node, float]:
     placeholders = [n for n in program.graph.nodes if n.op == "placeholder"]
     found = {}
     for node, spec in zip(placeholders, program.signature.inputs, strict=True):
-        value = program.weights.get(spec.target) if spec.kind is InputKind.CONSTANT else None
+        value = program.weights.get(spec.key) if spec.kind is InputKind.CONSTANT else None
         if isinstance(value, torch.Tensor) and value.numel() == 1 and value.is_floating_point():
             found[node] = float(value.item())
     return found

@@ -27,9 +27,10 @@ of the axes after it in NxD order; the chunk is a `dynamic-slice` at coordinate 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import itertools
 import math
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch.fx
 
@@ -37,8 +38,13 @@ from portable.errors import PlanError
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
 from portable.ir.sharding import coords_of
+from portable.opset import bind
 
 from .targets import NeuronTarget
+
+if TYPE_CHECKING:
+    import jax
+    from jax._src import core
 
 __all__ = [
     "ROLES",
@@ -189,21 +195,21 @@ def rank_axes(program_graph: torch.fx.Graph) -> tuple[str, ...]:
         if node.op != "call_function":
             continue
         name = str(node.target)
-        if name == "portable.local_shard.default":
-            axes.setdefault(node.args[2], None)
-        elif name == "portable.reduce_scatter.default" and node.args[1] in ("max", "min"):
-            axes.setdefault(node.args[3], None)
+        if name == "portable.local_shard.default" or (
+            name == "portable.reduce_scatter.default"
+            and bind(node).literal("reduce_op") in ("max", "min")
+        ):
+            axes.setdefault(bind(node).literal("axis"), None)
     return tuple(axes)
 
 
 # --------------------------------------------------------------------------- JAX primitive
 
 
-def _primitive():
-    """`portable_collective`: one stablehlo collective with explicit replica groups."""
-    global _PRIM
-    if _PRIM is not None:
-        return _PRIM
+@functools.cache
+def _primitive() -> core.Primitive:
+    """`portable_collective`: one stablehlo collective with explicit replica groups (made and
+    registered with JAX once)."""
     import numpy as np
     from jax._src import core
     from jax._src.interpreters import mlir
@@ -229,7 +235,8 @@ def _primitive():
     def lowering(ctx, x, *, kind, groups, reducer, dim, concat_dim):
         (aval_out,) = ctx.avals_out
         out_type = mlir.aval_to_ir_type(ctx.module_context, aval_out)
-        replica_groups = ir.DenseIntElementsAttr.get(np.asarray(groups, dtype=np.int64))
+        groups_array = np.asarray(groups, dtype=np.int64)
+        replica_groups = ir.DenseIntElementsAttr.get(groups_array)  # type: ignore[call-overload]  # numpy's stubs: an ndarray is a Buffer on 3.12+ only
         if kind == "all_gather":
             return hlo.AllGatherOp(
                 [out_type], [x], all_gather_dim=mlir.i64_attr(dim), replica_groups=replica_groups
@@ -242,6 +249,7 @@ def _primitive():
                 split_count=mlir.i64_attr(len(groups[0])),
                 replica_groups=replica_groups,
             ).results
+        op: hlo.AllReduceOp | hlo.ReduceScatterOp
         if kind == "all_reduce":
             op = hlo.AllReduceOp([out_type], [x], replica_groups=replica_groups)
         else:
@@ -257,11 +265,7 @@ def _primitive():
 
     prim.def_abstract_eval(abstract)
     mlir.register_lowering(prim, lowering)
-    _PRIM = prim
     return prim
-
-
-_PRIM = None
 
 
 class ReplicaGroupCollectives:
@@ -278,7 +282,16 @@ class ReplicaGroupCollectives:
         """The same collectives (recording into the same list) with the traced rank input."""
         return ReplicaGroupCollectives(self.layout, rank, self.emitted)
 
-    def _bind(self, x, kind: str, axis: str, group_size: int, reducer="sum", dim=0, concat=0):
+    def _bind(
+        self,
+        x: jax.Array,
+        kind: str,
+        axis: str,
+        group_size: int,
+        reducer: str = "sum",
+        dim: int = 0,
+        concat: int = 0,
+    ) -> jax.Array:
         size = self.layout.mesh.axis_size(axis)
         if size != group_size:
             raise PlanError(
@@ -334,7 +347,7 @@ class ReplicaGroupCollectives:
         return x
 
 
-def _divide(x, n: int):
+def _divide(x: jax.Array, n: int) -> jax.Array:
     import jax.numpy as jnp
 
     return x / jnp.asarray(n, x.dtype)

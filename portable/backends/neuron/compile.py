@@ -125,7 +125,7 @@ _UNKNOWN_CODE = (
     "a code portable has no explanation for",
     "look the code up in the Neuron compiler's error-code reference",
 )
-_SIGNALS = {
+_SIGNALS: dict[int, str] = {
     signal.SIGKILL: "out_of_memory",
     signal.SIGABRT: "crashed",
     signal.SIGSEGV: "crashed",

@@ -13,7 +13,7 @@ import dataclasses
 import enum
 import re
 from collections.abc import Iterable, Sequence
-from typing import Any
+from typing import Any, TypedDict
 
 import torch.fx
 
@@ -24,7 +24,7 @@ from portable.ir.source import source_of
 from .collectives import RANK_INPUT
 from .hlo import HloModule, Instruction
 
-__all__ = ["Finding", "Locator", "NeuronValidationError", "Severity", "merge"]
+__all__ = ["Finding", "Locator", "NeuronValidationError", "Place", "Severity", "merge"]
 
 
 class Severity(enum.StrEnum):
@@ -107,6 +107,17 @@ _CALLING_ATTRS = (
 _USER_DEPTH = 3  # how many users deep an instruction without metadata is located
 
 
+class Place(TypedDict, total=False):
+    """Where a finding is (`Finding`'s fields of the same names): the HLO instruction, and the
+    node, module path and user's line it was lowered from, where known."""
+
+    instruction: str
+    opcode: str
+    node: str | None
+    module: str | None
+    source: str | None
+
+
 @dataclasses.dataclass(frozen=True)
 class Locator:
     """Maps an HLO instruction to its portable node, module path and the user's source line.
@@ -142,7 +153,9 @@ class Locator:
                     if called in names:
                         callers.setdefault(called, ins)
         prefixes = collections.Counter(
-            i.op_name.split("/")[0] for i in module.entry.instructions if "/" in (i.op_name or "")
+            i.op_name.split("/")[0]
+            for i in module.entry.instructions
+            if i.op_name and "/" in i.op_name
         )
         prefix = prefixes.most_common(1)[0][0] if prefixes else "jit(fn)"
         if program is None:
@@ -155,9 +168,9 @@ class Locator:
             parameters += ((RANK_INPUT, None),)
         return Locator(nodes, parameters, callers, users, module.entry.name, prefix)
 
-    def place(self, ins: Instruction) -> dict[str, str | None]:
+    def place(self, ins: Instruction) -> Place:
         """`instruction`, `opcode`, `node`, `module`, `source` of a finding about `ins`."""
-        place: dict[str, str | None] = {"instruction": ins.name, "opcode": ins.opcode}
+        place: Place = {"instruction": ins.name, "opcode": ins.opcode}
         number = ins.parameter_number if ins.computation == self.entry else None
         if number is not None and number < len(self.parameters):
             place["node"], place["module"] = self.parameters[number]

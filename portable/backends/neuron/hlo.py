@@ -16,6 +16,10 @@ import dataclasses
 import math
 import re
 from collections.abc import Iterator
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from jax._src.lib import xla_client
 
 __all__ = [
     "Alias",
@@ -202,7 +206,7 @@ def proto_to_text(proto: bytes, *, metadata: bool = True) -> str:
     return module.to_string(_print_options(metadata))
 
 
-def _print_options(metadata: bool):
+def _print_options(metadata: bool) -> xla_client.hlo.HloPrintOptions:
     from jax._src.lib import xla_client
 
     options = xla_client.hlo.HloPrintOptions()

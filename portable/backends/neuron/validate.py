@@ -19,7 +19,7 @@ from typing import Any
 from portable.ir.program import Program
 from portable.ir.signature import InputSpec
 
-from .findings import Finding, Locator, NeuronValidationError, Severity, merge
+from .findings import Finding, Locator, NeuronValidationError, Place, Severity, merge
 from .hlo import HloModule, Instruction
 from .loops import constant_trip_count
 from .memory import MemoryEstimate, estimate_memory
@@ -107,16 +107,26 @@ class Context:
     rank_parameter: int | None = None  # parameter number of the int32 rank input, if any
 
     def finding(
-        self, ins: Instruction | None, severity: Severity, code: str, what: str, fix: str, **kw
+        self,
+        ins: Instruction | None,
+        severity: Severity,
+        code: str,
+        what: str,
+        fix: str,
+        ncc: str | None = None,
     ) -> Finding:
-        place = self.locator.place(ins) if ins is not None else {}
-        return Finding(severity, code, what, fix, **place, **kw)
+        place: Place = self.locator.place(ins) if ins is not None else {}
+        return Finding(severity, code, what, fix, **place, ncc=ncc)
 
-    def error(self, ins: Instruction | None, code: str, what: str, fix: str, **kw) -> Finding:
-        return self.finding(ins, Severity.ERROR, code, what, fix, **kw)
+    def error(
+        self, ins: Instruction | None, code: str, what: str, fix: str, ncc: str | None = None
+    ) -> Finding:
+        return self.finding(ins, Severity.ERROR, code, what, fix, ncc)
 
-    def warning(self, ins: Instruction | None, code: str, what: str, fix: str, **kw) -> Finding:
-        return self.finding(ins, Severity.WARNING, code, what, fix, **kw)
+    def warning(
+        self, ins: Instruction | None, code: str, what: str, fix: str, ncc: str | None = None
+    ) -> Finding:
+        return self.finding(ins, Severity.WARNING, code, what, fix, ncc)
 
 
 Check = Callable[[Context], Iterator[Finding]]
@@ -418,7 +428,9 @@ def _values(module: HloModule) -> Iterator[Instruction]:
 _FNUZ = re.compile(r"fnuz$")
 
 
-def _dtype_problem(element: str, target: NeuronTarget, options: NeuronOptions):
+def _dtype_problem(
+    element: str, target: NeuronTarget, options: NeuronOptions
+) -> tuple[str, str, str] | None:
     """(code, what, fix) when `element` cannot be used on `target`, else None."""
     if element == "f64":
         if options.fp64 == "downcast":

@@ -8,6 +8,8 @@ import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from portable.opset import bind
+
 from .findings import Finding
 from .hlo import Instruction
 
@@ -102,10 +104,8 @@ def _collective_axis(node: torch.fx.Node | None) -> str | None:
     """The mesh axis a portable collective node runs over (its `axis` argument)."""
     if node is None or not str(node.target).startswith("portable."):
         return None
-    for arg in node.args:
-        if isinstance(arg, str) and arg not in ("sum", "avg", "max", "min"):
-            return arg
-    return None
+    axis = bind(node).get("axis")
+    return axis if isinstance(axis, str) else None
 
 
 def _divisibility(ctx: Context, ins: Instruction, op: str, size: int) -> Iterator[Finding]:

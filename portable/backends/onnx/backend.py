@@ -12,10 +12,12 @@ from __future__ import annotations
 import shutil
 from pathlib import Path
 
+from torch.fx import Node
+
 from portable.errors import BackendError, LoweringError
 from portable.ir.program import Program, ProgramKind
 from portable.ir.source import source_of
-from portable.opset import lookup, op_name, opset_table
+from portable.opset import bind, lookup, op_name, opset_table
 from portable.runtime import Executable
 
 from ..base import Backend, Capabilities, Lowered, Target, Written
@@ -108,8 +110,7 @@ def _check_nodes(program: Program) -> None:
         if node.op != "call_function" or lookup(node.target) is None:
             continue
         name = op_name(node.target)
-        group = node.kwargs.get("group_size", node.args[-1] if node.args else None)
-        if name in _COLLECTIVES and group != 1:
+        if name in _COLLECTIVES and (group := bind(node).literal("group_size")) != 1:
             raise _located(
                 node,
                 f"backend onnx has no rule for {name} over a group of {group} ranks",
@@ -120,13 +121,13 @@ def _check_nodes(program: Program) -> None:
             check_node(node)  # LoweringError at the node
 
 
-def _static(node) -> bool:
+def _static(node: Node) -> bool:
     """Whether every tensor argument of `node` has a static shape."""
     shapes = [getattr(a.meta.get("tensor"), "shape", None) for a in node.all_input_nodes]
     return all(s is not None and all(isinstance(d, int) for d in s) for s in shapes)
 
 
-def _located(node, what: str, fix: str | None) -> LoweringError:
+def _located(node: Node, what: str, fix: str | None) -> LoweringError:
     src = source_of(node)
     return LoweringError(
         what,

@@ -72,9 +72,9 @@ class _ProgramModule(torch.nn.Module):
             for s in program.signature.inputs
         ]
         for spec in program.signature.state_inputs:
-            name = _buffer_name(spec.target)
+            name = _buffer_name(spec.key)
             if not hasattr(self, name):
-                self.register_buffer(name, program.weights[spec.target])
+                self.register_buffer(name, program.weights[spec.key])
         self._outputs = [
             i for i, o in enumerate(program.signature.outputs) if o.kind is OutputKind.OUTPUT
         ]
@@ -122,7 +122,8 @@ def export_program(
                 verbose=False,
                 report=False,
             )
-        _simplify(onnx_program.model)
+        assert onnx_program is not None  # None only without dynamo
+        _simplify(onnx_program)
     except Exception as error:  # torch.onnx reports export failures with several types
         raise BackendError(
             f"torch.onnx.export failed for {program.name}: {_export_summary(error)}",
@@ -146,14 +147,14 @@ def export_program(
     return exported
 
 
-def _simplify(model) -> None:
-    """Fold constants and drop dead nodes, nothing else. torch.onnx's own `optimize` also
-    runs onnxscript's pattern rewriter and fusions: they may change the rounding (fused
-    normalizations) and take minutes on the thousands of nodes of an MX-quantized model."""
+def _simplify(onnx_program: torch.onnx.ONNXProgram) -> None:
+    """Fold the model's constants and drop its dead nodes, nothing else. torch.onnx's own
+    `optimize` also runs onnxscript's pattern rewriter and fusions: they may change the rounding
+    (fused normalizations) and take minutes on the thousands of nodes of an MX-quantized model."""
     from onnxscript import optimizer
 
-    optimizer.fold_constants(model)
-    optimizer.remove_unused_nodes(model)
+    optimizer.fold_constants(onnx_program.model)
+    optimizer.remove_unused_nodes(onnx_program.model)
 
 
 def _first_line(error: BaseException) -> str:

@@ -9,19 +9,28 @@ by DLPack out.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from types import ModuleType
+from typing import TYPE_CHECKING
 
 import torch
 
 from portable.errors import BackendError
 from portable.ir.program import Program
 
+from .export import ExportedModel
+
+if TYPE_CHECKING:
+    from onnxruntime import OrtValue
+
 __all__ = ["session_function"]
 
 _BFLOAT16 = 16  # onnx.TensorProto.BFLOAT16
 
 
-def session_function(exported, program: Program):
+def session_function(
+    exported: ExportedModel, program: Program
+) -> Callable[[Sequence[torch.Tensor]], list[torch.Tensor]]:
     """The program's flat inputs -> its user outputs, over one `InferenceSession` of the model's
     files (the model takes the user inputs by name; the weights are its initializers)."""
     import onnxruntime as ort
@@ -49,7 +58,7 @@ def session_function(exported, program: Program):
     return run
 
 
-def _to_ort(ort, value: torch.Tensor):
+def _to_ort(ort: ModuleType, value: torch.Tensor) -> OrtValue:
     value = value.detach().cpu().contiguous()
     if value.dtype == torch.bfloat16:
         bits = value.view(torch.int16).numpy()
@@ -57,7 +66,7 @@ def _to_ort(ort, value: torch.Tensor):
     return ort.OrtValue.ortvalue_from_numpy(value.numpy())
 
 
-def _to_torch(value) -> torch.Tensor:
+def _to_torch(value: OrtValue) -> torch.Tensor:
     if value.data_type() == "tensor(bfloat16)":
         return torch.from_dlpack(value._get_c_value().to_dlpack())
     return torch.from_numpy(value.numpy())

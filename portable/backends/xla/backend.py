@@ -15,14 +15,9 @@ from portable.ir.program import Program, ProgramKind
 from portable.runtime import Executable
 
 from ..base import Backend, Capabilities, Lowered, Target, Written
+from .compiler import compile_lowered, lowered_texts
 
 __all__ = ["XlaBackend"]
-
-# XLA:CPU's LLVM backend contracts a * b + c into one FMA at optimization levels > 0, so results
-# round differently from PyTorch's kernels (which never contract) and values near 0 can change
-# sign (a ReLU then routes a gradient the reference drops). Level 0 keeps every rounding of the
-# HLO, and compiles the small parity programs faster.
-_COMPILER_OPTIONS = {"xla_backend_optimization_level": 0}
 
 
 class XlaBackend(Backend):
@@ -50,18 +45,10 @@ class XlaBackend(Backend):
             # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts
             # are the SPMD module before XLA partitions it
             fn = spmd_function(program)
-            texts = {
-                "graph.stablehlo.mlir": fn.lowered.as_text(),
-                "graph.hlo.txt": fn.lowered.compiler_ir("hlo").as_hlo_text(),
-            }
-            return Lowered(program, target, texts=texts, payload=fn)
+            return Lowered(program, target, texts=lowered_texts(fn.lowered), payload=fn)
         # executed programs are not donated: their inputs are torch tensors shared via DLPack
         jax_lowered = lower(program, self.platform, donate=False)
-        texts = {
-            "graph.stablehlo.mlir": jax_lowered.as_text(),
-            "graph.hlo.txt": jax_lowered.compiler_ir("hlo").as_hlo_text(),
-        }
-        return Lowered(program, target, texts=texts, payload=jax_lowered)
+        return Lowered(program, target, texts=lowered_texts(jax_lowered), payload=jax_lowered)
 
     def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         """The texts under `out_dir`, and the XLA executable (compiled here, in memory)."""
@@ -73,9 +60,7 @@ class XlaBackend(Backend):
                 files.append(path)
         if lowered.program.is_per_rank:
             return Written(lowered, files, payload=lowered.payload)
-        return Written(
-            lowered, files, payload=lowered.payload.compile(compiler_options=_COMPILER_OPTIONS)
-        )
+        return Written(lowered, files, payload=compile_lowered(lowered.payload))
 
     def executable(self, compiled: Written) -> Executable:
         import jax

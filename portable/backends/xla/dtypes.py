@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import jax.numpy as jnp
 import torch
+from jax.typing import DTypeLike
 
 _TO_JAX = {
     torch.float64: jnp.float64,
@@ -21,7 +22,7 @@ _TO_JAX = {
 }
 
 
-def to_jax(dtype: torch.dtype):
+def to_jax(dtype: torch.dtype) -> DTypeLike:
     try:
         return _TO_JAX[dtype]
     except KeyError:
@@ -30,6 +31,6 @@ def to_jax(dtype: torch.dtype):
         raise LoweringError(f"dtype {dtype} has no JAX equivalent", backend="xla") from None
 
 
-def from_scalar_type(dtype: torch.dtype | None, default):
+def from_scalar_type(dtype: torch.dtype | None, default: DTypeLike) -> DTypeLike:
     """The JAX dtype of an optional torch `dtype=` argument."""
     return default if dtype is None else to_jax(dtype)

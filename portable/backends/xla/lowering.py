@@ -78,7 +78,8 @@ def jax_function(program: Program, platform: str, collectives: Any = None) -> Ca
             elif node.op == "call_function":
                 args, kwargs = load(node.args), load(node.kwargs)
                 if node.target is operator.getitem:
-                    env[node] = args[0][args[1]]
+                    value, index = args
+                    env[node] = value[index]
                     continue
                 try:
                     # the node name lands in each HLO instruction's metadata (op_name), which is
@@ -100,7 +101,8 @@ def jax_function(program: Program, platform: str, collectives: Any = None) -> Ca
                         fix="report this with the program (`portable inspect --text`); run on `cpu` meanwhile",
                     ) from exc
             elif node.op == "output":
-                return tuple(load(node.args[0]))
+                (results,) = node.args  # one flat tuple of values
+                return tuple(load(results))
         raise AssertionError("graph without output")  # unreachable: the verifier requires one
 
     return fn

@@ -33,7 +33,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -44,6 +44,11 @@ from portable.ir.sharding import Sharding
 from portable.ir.signature import OutputKind, TensorSpec
 from portable.ir.spmd import SpmdLayout
 from portable.runtime import Executable, _check_signature
+
+from .compiler import compile_lowered
+
+if TYPE_CHECKING:
+    import jax
 
 __all__ = [
     "SpmdExecutable",
@@ -75,14 +80,14 @@ def layout_of(program: Program) -> SpmdLayout:
     return layout
 
 
-def partition_spec(sharding: Sharding):
+def partition_spec(sharding: Sharding) -> jax.sharding.PartitionSpec:
     """The jax PartitionSpec of a Sharding without partial axes."""
     from jax.sharding import PartitionSpec as P
 
     return P(*[(d[0] if len(d) == 1 else tuple(d)) if d else None for d in sharding.dims])
 
 
-def jax_mesh(mesh: Mesh):
+def jax_mesh(mesh: Mesh) -> jax.sharding.Mesh:
     """`jax.sharding.Mesh` over the first mesh.size XLA CPU devices (device k is rank k)."""
     import jax
     import numpy as np
@@ -105,7 +110,6 @@ class _SpmdFunction:
     def __init__(self, program: Program) -> None:
         import jax
 
-        from .backend import _COMPILER_OPTIONS
         from .lowering import abstract_inputs, donated, jax_function
         from .rules.portable_ops import NamedAxisCollectives
 
@@ -136,7 +140,7 @@ class _SpmdFunction:
                 body, donate_argnums=self.donated, out_shardings=tuple(self.out_shardings)
             )
             self.lowered = jitted.lower(*glob)
-            self.compiled = self.lowered.compile(compiler_options=_COMPILER_OPTIONS)
+            self.compiled = compile_lowered(self.lowered)
 
     def put(self, values: Sequence[torch.Tensor]) -> list:
         """Global torch tensors -> global jax arrays laid out over the mesh (fresh buffers)."""
@@ -171,7 +175,7 @@ class _SpmdFunction:
         return arrays
 
 
-def _to_torch(array) -> torch.Tensor:
+def _to_torch(array: jax.Array) -> torch.Tensor:
     """A global jax array -> a torch tensor (gathered on one device, copied)."""
     import jax
 
@@ -219,7 +223,7 @@ def run_spmd(program: Program, global_inputs: Sequence[torch.Tensor], steps: int
             arrays = fn.thread(arrays, outputs)
     result = [_to_torch(o) for o in outputs]
     state = {
-        spec.target: value
+        spec.key: value
         for spec, value in zip(sig.outputs, result, strict=True)
         if spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE)
     }
@@ -259,7 +263,7 @@ class SpmdExecutable(Executable):
                 fix=f"call it with ({names})",
             )
         it = iter(inputs)
-        flat = [next(it) if spec in users else self.state[spec.target] for spec in sig.inputs]
+        flat = [next(it) if spec in users else self.state[spec.key] for spec in sig.inputs]
         _check_global(self.program, self.layout, flat)
         return flat
 

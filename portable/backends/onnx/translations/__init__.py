@@ -8,8 +8,7 @@ package imports onnxscript: only the backend's methods do.
 from __future__ import annotations
 
 from collections.abc import Callable
-
-import torch
+from typing import Any
 
 from .mx import TRANSLATIONS as MX_TRANSLATIONS
 from .nn import TRANSLATIONS as NN_TRANSLATIONS
@@ -17,6 +16,6 @@ from .nn import TRANSLATIONS as NN_TRANSLATIONS
 __all__ = ["translation_table"]
 
 
-def translation_table() -> dict[torch._ops.OpOverload, Callable]:
-    """Every portable op's ONNX rule."""
-    return {**NN_TRANSLATIONS, **MX_TRANSLATIONS}
+def translation_table() -> dict[Callable[..., Any], Callable[..., Any]]:
+    """Every portable op's ONNX rule, by op overload (the exporter's table type)."""
+    return {op: rule for table in (NN_TRANSLATIONS, MX_TRANSLATIONS) for op, rule in table.items()}

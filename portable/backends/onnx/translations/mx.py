@@ -48,17 +48,20 @@ depending on the format and rule (most are per-block or constant), a dequantize 
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import numpy as np
 import torch
-from onnxscript import ir
+from onnxscript import FLOAT, INT32, ir
 from onnxscript import opset18 as op
 
 from portable import mx
 from portable.errors import InputError, LoweringError
+from portable.ir.source import source_of
 from portable.mx.elements import decode_table
 from portable.mx.formats import MXFormat
 from portable.mx.scale import scale_values
+from portable.opset import bind, op_name
 
 __all__ = ["DQ_OP", "Q_OP", "TRANSLATIONS", "check_node", "mx_dequantize", "mx_quantize"]
 
@@ -83,7 +86,8 @@ _TORCH = {
 
 def _const(value, dtype=np.int32):
     """A constant tensor (scalar or array) of numpy `dtype`."""
-    return op.Constant(value=ir.tensor(np.asarray(value, dtype=dtype)))
+    tensor = ir.tensor(np.asarray(value, dtype=dtype))
+    return op.Constant(value=tensor)  # type: ignore[arg-type]  # the stub says TensorProto; ir.Tensor works
 
 
 def _pow2_table() -> np.ndarray:
@@ -96,9 +100,17 @@ def _pow2(index):
     return op.Gather(_const(_pow2_table(), np.float32), index)
 
 
-def _as_int(value):
-    """int32 of an integer-valued float32 (exact)."""
-    return op.Cast(value, to=I32)
+# onnxscript's stubs type a Cast's result as any tensor type: these two give the one `to` fixes.
+
+
+def _as_int(value) -> INT32:
+    """int32 of integer values (uint8 bytes, or integer-valued float32: exact)."""
+    return cast(INT32, op.Cast(value, to=I32))
+
+
+def _to_f32(x) -> FLOAT:
+    """float32 `x`."""
+    return cast(FLOAT, op.Cast(x, to=F32))
 
 
 def _split_axis(x, axis: int, sizes: list[int]):
@@ -230,7 +242,7 @@ def mx_quantize(x, format: str, axis: int, scale_rule: str = "floor", block_size
         mx.check_quantize, shape, _torch_dtype(x.dtype), format, axis, scale_rule, block_size
     )
     fmt, ax = lay.fmt, lay.axis
-    xf = x if x.dtype == F32 else op.Cast(x, to=F32)  # exact upcast of bf16 / fp16
+    xf = x if x.dtype == F32 else _to_f32(x)  # exact upcast of bf16 / fp16
     blocks = op.Reshape(xf, _split_axis(xf, ax, [-1, lay.block_size]))  # [.., nb, bs, ..]
     magnitude = op.Abs(blocks)
     finite = op.Equal(op.Sub(blocks, blocks), _const(0.0, np.float32))  # Inf - Inf is NaN
@@ -263,7 +275,7 @@ def mx_dequantize(codes, scales, format: str, axis: int, dtype, block_size: int 
     )
     fmt, ax = lay.fmt, lay.axis
     table = decode_table(fmt)
-    c = op.Cast(codes, to=I32)
+    c = _as_int(codes)
     if fmt.packed:  # [.., L/2, ..] bytes -> [.., L/2, 2, ..] nibbles (low first)
         nibble_axis = _const([ax + 1], np.int64)
         low = op.Unsqueeze(op.BitwiseAnd(c, _const(0xF)), nibble_axis)
@@ -273,7 +285,7 @@ def mx_dequantize(codes, scales, format: str, axis: int, dtype, block_size: int 
     values = op.Gather(_const(table.numpy(), np.float32), c)
     values = op.Reshape(values, _split_axis(codes, ax, [-1, lay.block_size]))
     scale = op.Gather(_const(scale_values(torch.arange(256, dtype=torch.int32)).numpy(), np.float32),
-                      op.Cast(scales, to=I32))  # fmt: skip
+                      _as_int(scales))  # fmt: skip
     values = op.Mul(values, op.Unsqueeze(scale, _const([ax + 1], np.int64)))
     values = op.Reshape(values, _split_axis(codes, ax, [-1]))
     if ir.DataType(dtype) != F32:
@@ -287,30 +299,24 @@ def check_node(node: torch.fx.Node) -> None:
     before `torch.onnx.export`, which wraps errors raised inside translations."""
     if node.target not in TRANSLATIONS:
         return
-    from torch.fx.operator_schemas import normalize_function
-
-    from portable.ir.source import source_of
-    from portable.opset import op_name
-
-    bound = normalize_function(
-        node.target, node.args, node.kwargs, normalize_to_only_use_kwargs=True
-    ).kwargs
+    b = bind(node)
     try:
         if node.target is Q_OP:
-            x = bound["x"].meta["tensor"]
+            x = b.node("x").meta["tensor"]
             mx.check_quantize(
-                x.shape, x.dtype, bound["format"], bound["axis"], bound["scale_rule"],
-                bound["block_size"],
+                x.shape, x.dtype, b.literal("format"), b.literal("axis"),
+                b.literal("scale_rule"), b.literal("block_size"),
             )  # fmt: skip
         else:
             codes, scales = (
-                torch.empty(bound[k].meta["tensor"].shape, dtype=bound[k].meta["tensor"].dtype,
+                torch.empty(b.node(k).meta["tensor"].shape, dtype=b.node(k).meta["tensor"].dtype,
                             device="meta")
                 for k in ("codes", "scales")
             )  # fmt: skip
             mx.check_dequantize(
-                codes, scales, bound["format"], bound["axis"], bound["dtype"], bound["block_size"]
-            )
+                codes, scales, b.literal("format"), b.literal("axis"), b.literal("dtype"),
+                b.literal("block_size"),
+            )  # fmt: skip
     except InputError as exc:
         src = source_of(node)
         raise LoweringError(

@@ -10,13 +10,39 @@ rtol 1e-5 against the `cpu` backend.
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import cast
 
 import torch
+from onnxscript import BOOL, FLOAT, INT64
 from onnxscript import opset23 as op
 
 __all__ = ["TRANSLATIONS"]
 
 _PORTABLE = torch.ops.portable
+
+
+# onnxscript's stubs type a Constant's or a Cast's result as any tensor type; these helpers give
+# it the type its attribute fixes (ONNX type numbers: 1 FLOAT, 9 BOOL).
+
+
+def _float(value: float) -> FLOAT:
+    return cast(FLOAT, op.Constant(value_float=value))
+
+
+def _int(value: int) -> INT64:
+    return cast(INT64, op.Constant(value_int=value))
+
+
+def _ints(values: list[int]) -> INT64:
+    return cast(INT64, op.Constant(value_ints=values))
+
+
+def _to_float(x) -> FLOAT:
+    return cast(FLOAT, op.Cast(x, to=1))
+
+
+def _to_bool(x) -> BOOL:
+    return cast(BOOL, op.Cast(x, to=9))
 
 
 def _is_4d(value) -> bool:
@@ -44,19 +70,19 @@ def attention(q, k, v, mask=None, is_causal: bool = False, scale: float | None =
 def _attention_decomposed(q, k, v, mask, is_causal, scale):
     # softmax(q @ k^T * scale + mask [+ causal]) @ v; scale defaults to 1 / sqrt(head_dim)
     k, v = _repeat_kv(q, k), _repeat_kv(q, v)
-    head_dim = op.Cast(op.Shape(q, start=-1), to=1)
+    head_dim = _to_float(op.Shape(q, start=-1))
     s = op.MatMul(q, op.Transpose(k, perm=_swap_last(len(q.shape))))
     if scale is None:
-        scale_value = op.Div(op.Constant(value_float=1.0), op.Sqrt(head_dim))
+        scale_value = op.Div(_float(1.0), op.Sqrt(head_dim))
         s = op.Mul(s, op.CastLike(scale_value, s))
     else:
-        s = op.Mul(s, op.CastLike(op.Constant(value_float=float(scale)), s))
+        s = op.Mul(s, op.CastLike(_float(float(scale)), s))
     if mask is not None:
         s = _apply_mask(s, mask)
     if is_causal:
         lq, lk = op.Shape(s, start=-2, end=-1), op.Shape(s, start=-1)
-        ones = op.Expand(op.Constant(value_int=1), op.Concat(lq, lk, axis=0))
-        keep = op.Cast(op.Trilu(ones, upper=0), to=9)  # top-left causal: keep j <= i
+        ones = op.Expand(_int(1), op.Concat(lq, lk, axis=0))
+        keep = _to_bool(op.Trilu(ones, upper=0))  # top-left causal: keep j <= i
         s = op.Where(keep, s, _minus_inf(s))
     return op.MatMul(op.Softmax(s, axis=-1), v)
 
@@ -67,11 +93,11 @@ def _repeat_kv(q, t):
     if len(q.shape) < 3 or q.shape[-3] == t.shape[-3]:
         return t
     group = int(q.shape[-3]) // int(t.shape[-3])
-    grouped = op.Unsqueeze(t, op.Constant(value_ints=[-3]))  # [.., hk, 1, s, d]
-    ones = op.Constant(value_ints=[1] * (len(t.shape) - 3))
-    tile = op.Concat(ones, op.Constant(value_ints=[1, group, 1, 1]), axis=0)
+    grouped = op.Unsqueeze(t, _ints([-3]))  # [.., hk, 1, s, d]
+    ones = _ints([1] * (len(t.shape) - 3))
+    tile = op.Concat(ones, _ints([1, group, 1, 1]), axis=0)
     lead, tail = op.Shape(t, end=-3), op.Shape(t, start=-2)
-    heads = op.Constant(value_ints=[int(q.shape[-3])])
+    heads = _ints([int(q.shape[-3])])
     return op.Reshape(op.Tile(grouped, tile), op.Concat(lead, heads, tail, axis=0))
 
 
@@ -89,15 +115,15 @@ def _apply_mask(s, mask):
 
 
 def _minus_inf(like):
-    return op.CastLike(op.Constant(value_float=float("-inf")), like)
+    return op.CastLike(_float(float("-inf")), like)
 
 
 def scale_mask_softmax(x, mask=None, scale: float = 1.0, dim: int = -1):
     """softmax(x * scale + mask) along dim, computed in float32 (float64 stays), result in x's
     dtype: the CPU kernel's order of operations."""
     wide = x.dtype is not None and x.dtype.name == "DOUBLE"
-    s = x if wide else op.Cast(x, to=1)
-    s = op.Mul(s, op.CastLike(op.Constant(value_float=float(scale)), s))
+    s = x if wide else _to_float(x)
+    s = op.Mul(s, op.CastLike(_float(float(scale)), s))
     if mask is not None:
         s = _apply_mask(s, mask)
     return op.CastLike(op.Softmax(s, axis=dim), x)
@@ -123,8 +149,8 @@ def layer_norm(x, normalized_shape, weight=None, bias=None, eps: float = 1e-5):
 
 
 def _ones(x, normalized_shape):
-    shape = op.Constant(value_ints=[int(d) for d in normalized_shape])
-    return op.Expand(op.CastLike(op.Constant(value_float=1.0), x), shape)
+    shape = _ints([int(d) for d in normalized_shape])
+    return op.Expand(op.CastLike(_float(1.0), x), shape)
 
 
 _ONNX_TO_TORCH = {

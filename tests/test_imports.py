@@ -6,8 +6,7 @@ or inside a function (both run; only `if TYPE_CHECKING:` blocks are left out, si
 do). `from portable.pkg import name` is an edge to `portable.pkg.name` when that is a module, to
 `portable.pkg` otherwise.
 
-- No import cycles: every strongly connected component is one module, except the reviewed
-  ALLOWED_CYCLES, which may only shrink.
+- No import cycles: every strongly connected component is one module.
 - The IR core does not depend on persistence: `portable.ir.program` imports nothing from
   `portable.archive`, `portable.ir.serialize` or `portable.ir.content_hash` (they plug in
   through `register_persistence`).
@@ -26,22 +25,13 @@ import portable
 
 PACKAGE = Path(portable.__file__).resolve().parent
 
-# Cycles in areas other issue-14 work is still renovating (the xla backend's per-rank lowering). Each entry must still be exactly a cycle (the test fails when it is not, so
-# the entry gets removed or narrowed): this list only shrinks.
-ALLOWED_CYCLES: frozenset[frozenset[str]] = frozenset(
-    {
-        # the xla backend and its per-rank (spmd) lowering import each other (function-level)
-        frozenset({"portable.backends.xla.backend", "portable.backends.xla.spmd"}),
-    }
-)
-
 # Function-level imports of portable modules (statements): what is left are lazy imports that
 # keep an import light or defer a registration, not cycle dodges: the CLI's per-command imports,
 # backends that import their optional toolchains' glue (xla/neuron/onnx), the pytest plugin
 # (which must not import portable for test runs that do not use it), cuda's `ops` (registering
 # CUDA kernels of the portable ops only where a .pt2 is loaded or an AOTInductor package built),
 # and the distributed worker. Lower it when you remove some; never raise it to dodge a cycle.
-FUNCTION_IMPORT_BUDGET = 74
+FUNCTION_IMPORT_BUDGET = 65
 
 # The IR core and what it must not import (persistence plugs into it).
 IR_PROGRAM = "portable.ir.program"
@@ -176,13 +166,8 @@ def test_the_cycle_finder_finds_cycles():
 
 
 def test_no_import_cycles_between_modules():
-    cycles = {c for c in _components(_graph()) if len(c) > 1}
-    new = [sorted(c) for c in cycles - ALLOWED_CYCLES]
-    gone = [sorted(c) for c in ALLOWED_CYCLES - cycles]
-    assert not new, f"import cycles (make the dependency go one way): {new}"
-    assert not gone, (
-        f"no longer cycles exactly like this: remove or update in ALLOWED_CYCLES: {gone}"
-    )
+    cycles = sorted(sorted(c) for c in _components(_graph()) if len(c) > 1)
+    assert not cycles, f"import cycles (make the dependency go one way): {cycles}"
 
 
 def test_the_ir_program_does_not_import_persistence():

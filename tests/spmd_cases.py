@@ -3,11 +3,13 @@ for the GPT and Llama examples and for Hugging Face models (end of file), the si
 reference run and the comparison.
 
 Comparison: loss per step and every parameter after the steps within 1e-5 (atol and rtol).
-One documented exception: GPT's fused qkv bias slice for k. Its exact gradient is zero (softmax
-is unchanged when the same value is added to every score of a query), so its computed gradient
-is rounding noise of order 1e-10, below AdamW's eps; any change in summation order (a split
-batch, a split matmul) changes that noise, and AdamW turns it into updates of order lr * 1e-2.
-That slice is compared within 1e-4.
+One documented exception: elements whose gradients are rounding noise. AdamW divides the first
+moment by sqrt(v_hat) + eps, so where a gradient is within a hundred eps of zero (GPT's fused
+qkv bias slice for k, whose exact gradient is zero since softmax is unchanged when the same
+value is added to every score of a query; a weight whose gradient sums to 5e-8 of terms of
+1e-3) any change in summation order (a split batch, a split matmul, another CPU's vector width)
+changes the noise, and AdamW turns it into a different fraction of lr. Those elements, found
+from the reference's second moment, are compared within 2 * lr * steps, the most AdamW moves them apart.
 """
 
 from __future__ import annotations
@@ -93,10 +95,28 @@ def reference(program: Program, flat: list[torch.Tensor], steps: int = STEPS):
     return losses, {o.name: v for o, v in zip(sig.outputs, outs, strict=True)}
 
 
-def _tolerance(name: str, stem: str) -> tuple[float, slice | None]:
-    if stem == "gpt" and name.endswith("attn.qkv.bias.updated"):
-        return 1e-4, slice(64, 128)  # the k slice (n_embd = 64), see the module docstring
-    return 1e-5, None
+# the examples' optimizer (AdamW, portable.optim defaults)
+ADAMW_LR, ADAMW_BETA2 = 1e-3, 0.999
+NOISE_GRADIENT = 1e-6  # sqrt(v_hat) below this (100 eps): the update amplifies rounding noise
+
+
+def noise_elements(want_outputs: dict, name: str, steps: int) -> torch.Tensor:
+    """The elements of the updated parameter `name` whose gradients are rounding noise."""
+    v = want_outputs.get("optimizer." + name.removesuffix(".updated") + ".exp_avg_sq.updated")
+    if v is None:
+        return torch.zeros(want_outputs[name].shape, dtype=torch.bool)
+    return (v / (1 - ADAMW_BETA2**steps)).sqrt() < NOISE_GRADIENT
+
+
+def assert_updated_close(
+    got: torch.Tensor, want: torch.Tensor, noise: torch.Tensor, name: str, steps: int
+) -> None:
+    """`got` equals `want` within 1e-5, and within 2 * lr * steps where `noise` is set (each
+    AdamW step moves an element by about lr at most, in either run)."""
+    assert got.shape == want.shape, name
+    torch.testing.assert_close(got[~noise], want[~noise], atol=1e-5, rtol=1e-5, msg=name)
+    bound = 2 * ADAMW_LR * steps
+    torch.testing.assert_close(got[noise], want[noise], atol=bound, rtol=0, msg=name)
 
 
 def assert_matches(stem: str, want: tuple, got_losses, got_outputs: dict) -> None:
@@ -109,15 +129,9 @@ def assert_matches(stem: str, want: tuple, got_losses, got_outputs: dict) -> Non
     for name, w in want_outputs.items():
         if not name.endswith(".updated") or name.startswith("optimizer."):
             continue
-        g = got_outputs[name]
-        assert g.shape == w.shape, name
-        wide, part = _tolerance(name, stem)
-        if part is not None:
-            torch.testing.assert_close(g[part], w[part], atol=wide, rtol=wide, msg=name)
-            keep = torch.ones(w.shape[0], dtype=torch.bool)
-            keep[part] = False
-            g, w = g[keep], w[keep]
-        torch.testing.assert_close(g, w, atol=1e-5, rtol=1e-5, msg=name)
+        steps = len(want_losses)
+        noise = noise_elements(want_outputs, name, steps)
+        assert_updated_close(got_outputs[name], w, noise, name, steps)
         checked += 1
     assert checked > 0
 

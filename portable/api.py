@@ -36,8 +36,12 @@ def lower(
     program: Program, target: str, out_dir: str | Path | None = None, options: object | None = None
 ) -> Written:
     """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`; `options` is
-    the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None."""
+    the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None.
+    `out_dir` is created when missing (after lowering succeeded)."""
     t = Target.parse(target)
     impl = get_backend(t.backend, options)
     lowered = impl.lower(program, t)
-    return impl.write(lowered, Path(out_dir) if out_dir is not None else None)
+    if out_dir is None:
+        return impl.write(lowered, None)
+    Path(out_dir).mkdir(parents=True, exist_ok=True)
+    return impl.write(lowered, Path(out_dir))

@@ -33,6 +33,14 @@ class SourceLoc:
             return None
         return f"{self.file}:{self.line}" + (f"  `{self.code}`" if self.code else "")
 
+    def stack_trace(self) -> str | None:
+        """The location as a one-frame Python traceback (the form torch.fx's and torch.onnx's
+        `stack_trace` metadata take), or None when the file is unknown."""
+        if not self.file:
+            return None
+        frame = f'File "{self.file}", line {self.line}, in {self.module or "<model>"}'
+        return frame + (f"\n    {self.code}" if self.code else "")
+
     def to_json(self) -> dict[str, Any]:
         return {k: v for k, v in dataclasses.asdict(self).items() if v is not None}
 

@@ -16,6 +16,9 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -72,6 +75,22 @@ def _jsonable(value: Any) -> Any:
     return value if isinstance(value, (bool, int, float, str)) or value is None else repr(value)
 
 
+# Triton's switch for source line info in PTX/cubin; an environment variable, so that Triton's
+# compile cache tells the two forms apart
+NO_LINE_INFO = {"TRITON_DISABLE_LINE_INFO": "1"}
+
+
+@contextmanager
+def without_line_info() -> Iterator[None]:
+    """Compile kernels without source line info: it names each kernel's source file by its
+    absolute path, so the PTX and cubin would depend on where portable is installed."""
+    import triton
+
+    with triton.knobs.compilation.scope():
+        os.environ.update(NO_LINE_INFO)
+        yield
+
+
 def compile_kernel(launch: KernelLaunch, arch: CudaArch) -> CompiledKernel:
     """Compile one launch for `arch` (LoweringError naming the kernel if Triton refuses)."""
     import triton
@@ -88,9 +107,10 @@ def compile_kernel(launch: KernelLaunch, arch: CudaArch) -> CompiledKernel:
         **launch.options,
     }
     try:
-        compiled = triton.compile(
-            source, target=GPUTarget("cuda", arch.capability, 32), options=options
-        )
+        with without_line_info():
+            compiled = triton.compile(
+                source, target=GPUTarget("cuda", arch.capability, 32), options=options
+            )
     except Exception as exc:  # Triton raises CompilationError, RuntimeError, subprocess errors
         raise LoweringError(
             f"Triton could not compile kernel {launch.kernel} for {arch.name}: {exc}",
@@ -127,12 +147,11 @@ def _request(launch: KernelLaunch) -> dict[str, Any]:
 
 
 def _compile_in_subprocess(launches: list[KernelLaunch], arch: CudaArch) -> list[CompiledKernel]:
-    import os
     import subprocess
     import sys
     import tempfile
 
-    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"} | NO_LINE_INFO
     with tempfile.TemporaryDirectory(prefix="portable-aot-") as tmp:
         request = {
             "capability": arch.capability,

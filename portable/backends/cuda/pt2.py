@@ -25,6 +25,7 @@ import torch
 from portable.errors import ArchiveError, LoweringError
 from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, OutputKind, OutputSpec
+from portable.ir.source import source_of
 from portable.torch_compat import quiet_internal_warnings
 
 from .values import concrete_shape
@@ -64,10 +65,6 @@ class ProgramModule(torch.nn.Module):
         return results[0] if len(results) == 1 else tuple(results)
 
 
-# The .pt2 records ProgramModule.forward's source lines (its nodes' stack traces): edits that
-# move `self.graph_module(*flat)` or the `copy_` line change every archive's bytes.
-
-
 def _write_backs(outputs: tuple[OutputSpec, ...]) -> list[tuple[OutputKind, str | None]]:
     """Per output: its kind, and the weight key an updated value is written back to (else None)."""
     updates = (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE)
@@ -104,7 +101,7 @@ def export_program(program: Program, gm: torch.fx.GraphModule) -> torch.export.E
     inputs, dynamic = _example_inputs(program)
     try:
         with quiet_internal_warnings():
-            return torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
+            ep = torch.export.export(module, inputs, dynamic_shapes=dynamic, strict=False)
     except Exception as exc:  # torch raises many types here; the message is what helps
         raise LoweringError(
             f"torch.export could not export {program.name} for the .pt2: {exc}",
@@ -112,6 +109,26 @@ def export_program(program: Program, gm: torch.fx.GraphModule) -> torch.export.E
             fix="nothing was written for this target: report this with the program archive; "
             "the other targets lower without it (drop `-t cuda`)",
         ) from exc
+    _user_stack_traces(ep, gm)
+    return ep
+
+
+def _user_stack_traces(ep: torch.export.ExportedProgram, gm: torch.fx.GraphModule) -> None:
+    """Each exported node's `stack_trace` is the user's line of the node of `gm` it was traced
+    from (by name), or none: torch.export records the frames of its own trace (portable's
+    module at its install path, torch.fx's generated code), which tell a reader nothing and
+    made the .pt2 depend on where portable is installed."""
+    traces = {
+        n.name: trace
+        for n in gm.graph.nodes
+        if (loc := source_of(n)) is not None and (trace := loc.stack_trace()) is not None
+    }
+    for node in ep.graph.nodes:
+        trace = traces.get(node.name)
+        if trace is None:
+            node.meta.pop("stack_trace", None)
+        else:
+            node.meta["stack_trace"] = trace
 
 
 def save_pt2(ep: torch.export.ExportedProgram, path: Path) -> Path:

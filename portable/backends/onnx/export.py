@@ -24,6 +24,7 @@ import torch
 from portable.errors import BackendError
 from portable.ir.program import Program
 from portable.ir.signature import InputKind, OutputKind, TensorSpec
+from portable.ir.source import source_of
 from portable.torch_compat import copy_graph_module, quiet_onnx_registry
 
 __all__ = [
@@ -222,6 +223,7 @@ def _annotate(path: Path, program: Program) -> None:
     model = onnx.load(str(path), load_external_data=False)
     model.producer_name = "portable"
     model.graph.name = program.name
+    _user_stack_traces(model, program)
     identity = program.identity()
     for key, value in {
         "portable.program": identity["name"],
@@ -231,6 +233,34 @@ def _annotate(path: Path, program: Program) -> None:
         entry = model.metadata_props.add()
         entry.key, entry.value = key, value
     onnx.save(model, str(path))
+
+
+_STACK_TRACE = "pkg.torch.onnx.stack_trace"
+_FX_NODE = re.compile(r"%([A-Za-z0-9_]+) :")
+
+
+def _user_stack_traces(model: Any, program: Program) -> None:
+    """Each node's `pkg.torch.onnx.stack_trace` becomes the user's line of the program node it
+    came from; torch.onnx records the frames of its own trace (portable's exporter at its
+    install path, torch.fx's generated code), which tell a reader nothing and made the bytes
+    depend on where portable is installed. A node without a user line keeps no trace."""
+    sources = {
+        n.name: trace
+        for n in program.graph.nodes
+        if (loc := source_of(n)) is not None and (trace := loc.stack_trace()) is not None
+    }
+    nodes = [*model.graph.node, *(n for f in model.functions for n in f.node)]
+    for node in nodes:
+        props = {p.key: p for p in node.metadata_props}
+        if _STACK_TRACE not in props:
+            continue
+        fx_node = props.get("pkg.torch.onnx.fx_node")
+        match = _FX_NODE.match(fx_node.value) if fx_node is not None else None
+        trace = sources.get(match.group(1)) if match else None
+        if trace is None:
+            node.metadata_props.remove(props[_STACK_TRACE])
+        else:
+            props[_STACK_TRACE].value = trace
 
 
 def model_text(path: Path) -> str:

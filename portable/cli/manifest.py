@@ -6,12 +6,13 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import platform
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
+
+from portable.file_digest import sha256_file
 
 __all__ = [
     "FORMAT",
@@ -48,7 +49,7 @@ def file_records(root: Path, folder: Path) -> list[dict[str, Any]]:
         records.append(
             {
                 "path": path.relative_to(root).as_posix(),
-                "sha256": _sha256(path),
+                "sha256": sha256_file(path),
                 "size": path.stat().st_size,
             }
         )
@@ -76,11 +77,3 @@ def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     path = folder / MANIFEST
     path.write_text(json.dumps(manifest, indent=2, sort_keys=False) + "\n")
     return path
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -23,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from portable.errors import BackendError
+from portable.file_digest import sha256_file
 from portable.ir.program import Program, ProgramKind
 
 from ..base import Lowered
@@ -44,10 +44,6 @@ _CALLS = {
     ProgramKind.TRAINING_STEP: "module(*batch) -> loss; updates its buffers (weights, optimizer "
     "state) in place",
 }
-
-
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 def write_layout(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
@@ -122,7 +118,7 @@ def _write(out: Path, lowered: Lowered, options: CudaOptions) -> list[Path]:
         "toolchain": aot.toolchain_versions(),
         "pt2": {
             "file": "program.pt2",
-            "sha256": _sha256(pt2),
+            "sha256": sha256_file(pt2),
             "call": _CALLS[program.kind],
             "load": "portable.backends.cuda.load_pt2(path).module()",
             "buffers": {buffer_name(s.key): s.key for s in program.signature.state_inputs},
@@ -180,4 +176,4 @@ def _write_aot_inductor(out: Path, program: Program, payload: CudaLowered) -> di
     path = out / arch.name / "aoti.pt2"
     path.parent.mkdir(parents=True, exist_ok=True)
     torch._inductor.aoti_compile_and_package(ep, package_path=str(path))
-    return {arch.name: {"file": str(path.relative_to(out)), "sha256": _sha256(path)}}
+    return {arch.name: {"file": str(path.relative_to(out)), "sha256": sha256_file(path)}}

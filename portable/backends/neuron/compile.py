@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import os
 import re
 import shlex
@@ -36,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from portable.errors import BackendError
+from portable.file_digest import sha256_file
 
 __all__ = [
     "COMMAND",
@@ -300,7 +300,9 @@ def compile_program(
     tail = _last_lines(output if output.strip() else log_text, _TAIL_LINES)
     passed = returncode == 0 and PASS_MARKER in text and neff.is_file()
     if passed:
-        return CompileResult(key, program_dir, "pass", 0, seconds, neff, _sha256(neff), log, codes)
+        return CompileResult(
+            key, program_dir, "pass", 0, seconds, neff, sha256_file(neff), log, codes
+        )
     status = _status(returncode, timed_out)
     neff.unlink(missing_ok=True)  # graph.neff exists only after a passing compile
     result = CompileResult(key, program_dir, status, returncode, seconds, None, None, log, codes)
@@ -496,11 +498,3 @@ def _option(argv: list[str], flag: str) -> str | None:
 def _last_lines(text: str, n: int) -> str:
     lines = [ln.rstrip() for ln in text.strip().splitlines() if ln.strip()]
     return "\n".join(lines[-n:])
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()

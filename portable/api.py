@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -37,11 +38,29 @@ def lower(
 ) -> Written:
     """Lower (and, with `out_dir`, write the artifacts of) `program` for `target`; `options` is
     the backend's options object (`CudaOptions`, `NeuronOptions`), defaults when None.
-    `out_dir` is created when missing (after lowering succeeded)."""
+    `out_dir` is created when missing (after lowering succeeded), and removed again when
+    writing fails."""
     t = Target.parse(target)
     impl = get_backend(t.backend, options)
     lowered = impl.lower(program, t)
     if out_dir is None:
         return impl.write(lowered, None)
-    Path(out_dir).mkdir(parents=True, exist_ok=True)
-    return impl.write(lowered, Path(out_dir))
+    out = Path(out_dir)
+    created = _missing_top(out)
+    out.mkdir(parents=True, exist_ok=True)
+    try:
+        return impl.write(lowered, out)
+    except BaseException:
+        if created is not None:  # nothing half-written: what lower created goes again
+            shutil.rmtree(created, ignore_errors=True)
+        raise
+
+
+def _missing_top(path: Path) -> Path | None:
+    """The outermost folder of `path` that does not exist yet (None when `path` exists)."""
+    missing = None
+    for folder in (path, *path.parents):
+        if folder.exists():
+            break
+        missing = folder
+    return missing

@@ -26,7 +26,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import importlib.util
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -35,6 +35,8 @@ from portable.ir.program import Program, ProgramKind
 from portable.ir.source import source_of
 from portable.opset import lookup, op_name
 from portable.runtime import Executable
+
+from .builtins import get_backend, registry
 
 __all__ = [
     "Backend",
@@ -131,9 +133,19 @@ class Capabilities:
     # whether it takes per-rank programs (`Program.is_per_rank`: spmd-partition's output over
     # more than one rank); check_program refuses them elsewhere
     per_rank: bool = False
+    # opset name -> {dtype name ("bfloat16", "int64", "bool", ...) -> why this backend cannot
+    # take the op on tensors of that dtype}: an op it lowers, but not in every dtype the opset
+    # declares (ONNX Runtime's CPU kernels lack bfloat16 for most ops). check_program refuses a
+    # node with such an input or result dtype before lowering, naming the backends that take it.
+    dtype_gaps: Mapping[str, Mapping[str, str]] = dataclasses.field(default_factory=dict)
 
     def supports_op(self, name: str) -> bool:
         return self.ops is None or name in self.ops
+
+    def dtype_gap(self, name: str, dtypes: Iterable[str]) -> tuple[str, str] | None:
+        """(dtype, why) for the first of `dtypes` this backend cannot take `name` on, or None."""
+        gaps = self.dtype_gaps.get(name, {})
+        return next(((d, gaps[d]) for d in dtypes if d in gaps), None)
 
 
 @dataclasses.dataclass
@@ -385,10 +397,46 @@ class Backend(abc.ABC):
                     op=name,
                     module=src.module if src else None,
                     source=src.location() if src else None,
-                    fix="supported here: "
-                    + _alternatives(name, caps.ops or frozenset())
-                    + "; or run this program on another backend (`portable backends`)",
+                    fix=f"run this program on a backend that takes {name}: "
+                    + (", ".join(takes_op(name)) or "(none)")
+                    + "; similar ops this backend takes: "
+                    + _alternatives(name, caps.ops or frozenset()),
                 )
+            gap = caps.dtype_gap(name, _node_dtypes(node))
+            if gap is not None:
+                dtype, why = gap
+                src = source_of(node)
+                raise LoweringError(
+                    f"backend {self.name} does not take {name} on {dtype} tensors: {why}",
+                    backend=self.name,
+                    op=name,
+                    module=src.module if src else None,
+                    source=src.location() if src else None,
+                    fix=f"cast to another dtype before this op, or run the program on a backend "
+                    f"that takes it: {', '.join(takes_op(name, dtype)) or '(none)'}",
+                )
+
+
+def _node_dtypes(node: Any) -> list[str]:
+    """The dtype names of a node's tensor inputs and results, as recorded at capture."""
+    specs = [a.meta.get("tensor") for a in node.all_input_nodes]
+    result = node.meta.get("tensor")
+    specs += list(result) if isinstance(result, tuple) else [result]
+    names = (str(getattr(s, "dtype", "")).removeprefix("torch.") for s in specs)
+    return list(dict.fromkeys(n for n in names if n))
+
+
+def takes_op(name: str, dtype: str | None = None) -> list[str]:
+    """The registered backends whose capabilities claim opset op `name` (on `dtype` tensors)."""
+    found = []
+    for backend in registry.names():
+        try:
+            caps = get_backend(backend).capabilities()
+        except Exception:  # noqa: BLE001 (a plug-in that cannot even state its claims)
+            continue
+        if caps.supports_op(name) and (dtype is None or caps.dtype_gap(name, [dtype]) is None):
+            found.append(backend)
+    return found
 
 
 # the built-in backends whose capabilities declare `per_rank` (a test checks this against them;

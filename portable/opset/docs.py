@@ -1,8 +1,9 @@
-"""Render the opset reference (docs/opset.md) from the opset table.
+"""Render the opset table's part of the opset reference (docs/opset.md); the backends' coverage
+table follows it (`portable.backends.coverage`, whose `python -m` writes the whole file:
 
-    python -m portable.opset.docs > docs/opset.md
+    python -m portable.backends.coverage > docs/opset.md
 
-A test checks that the committed file equals `render()`, so the reference cannot drift."""
+A test checks the committed file, so the reference cannot drift."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ def render() -> str:
     lines = [
         f"# Portable opset {OPSET_VERSION}",
         "",
-        "Generated from `portable/opset/table.py` by `python -m portable.opset.docs`; do not edit.",
+        "Generated from `portable/opset/table.py` and the backends' capabilities by "
+        "`python -m portable.backends.coverage`; do not edit.",
         "",
         "Every node of a portable program calls one of these ops. `dtypes` is the input dtype class",
         "the op accepts (`float`: float16/bfloat16/float32/float64; `numeric`: any but bool; `any`;",

@@ -36,6 +36,7 @@ from .diagnose import diagnose, is_user_file, without_partial_graph
 from .known_constructs import explain, refuse_known_ops
 from .loss import as_loss_fn
 from .portable_ops import rewrite_to_portable_ops
+from .promote import promote_operands
 from .recompose import recompose
 from .regions import refuse_autocast
 from .sources import restore_sources
@@ -351,6 +352,7 @@ def _normalize(gm: torch.fx.GraphModule) -> None:
             gm.graph.erase_node(node)
     gm.graph.lint()
     gm.recompile()
+    promote_operands(gm)
 
 
 def _verify(program: Program) -> None:

@@ -1,0 +1,57 @@
+"""Type promotion at capture (portable/capture/promote.py): what eager computes on integer and
+bool tensors, a captured program computes too, bit for bit on `cpu` and within the parity
+policy on `xla` and `onnx`, with the casts visible in the graph."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import portable
+from portable.testing import check_parity
+
+
+class _Promoting(torch.nn.Module):
+    def forward(self, i: torch.Tensor, b: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        return (
+            torch.sin(i),  # int64 -> float32, as eager
+            torch.exp(b),  # bool -> float32
+            torch.sigmoid(i) * 2,
+            F.softplus(i.float()) + torch.sqrt(i.abs()),
+            b + b,  # bool add: logical or
+            torch.maximum(b, ~b),
+            torch.minimum(b, ~b),
+        )
+
+
+def _inputs() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.arange(-6, 6).reshape(3, 4), torch.tensor([True, False, True, False])
+
+
+def test_integer_and_bool_operands_promote_as_eager():
+    model, inputs = _Promoting(), _inputs()
+    program = portable.capture(model, inputs)
+    text = program.text()
+    assert "aten._to_copy.default(%i, dtype=torch.float32)" in text
+    assert "aten.logical_or.default" in text and "aten.logical_and.default" in text
+    got = portable.compile(program, backend="cpu")(*inputs)
+    want = model(*inputs)
+    for g, w in zip(got, want, strict=True):
+        assert g.dtype == w.dtype and torch.equal(g, w)
+
+
+@pytest.mark.parametrize("backend", ["xla", "onnx"])
+def test_promoted_programs_agree_on_backends(backend):
+    pytest.importorskip("jax" if backend == "xla" else "onnxruntime")
+    report = check_parity(portable.capture(_Promoting(), _inputs()), _inputs(), backends=[backend])
+    assert report.ok, report.format()
+
+
+def test_float_inputs_get_no_casts():
+    class Sin(torch.nn.Module):
+        def forward(self, x):
+            return torch.sin(x)
+
+    program = portable.capture(Sin(), (torch.randn(3),))
+    assert "_to_copy" not in program.text()

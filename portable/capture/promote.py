@@ -3,8 +3,10 @@
 Eager PyTorch computes a floating-point op (`sin`, `exp`, `sigmoid`, `mean`, ...) on an integer
 or bool tensor in the result's float dtype: `torch.sin(int64)` is `torch.sin(x.float())`. The
 opset declares such ops on float inputs only, so capture spells the promotion out: each integer
-or bool tensor operand of a float-only op whose result is a float gets a `_to_copy` to that dtype
-in front of it (exact: the same conversion eager runs first). And bool arithmetic that eager
+or bool tensor operand of a float-only *elementwise* op whose result is a float gets a `_to_copy`
+to that dtype in front of it (other float ops take integer operands that are indices, as the
+target of `nll_loss` or the indices of `embedding_dense_backward`, and eager does not promote
+those) (exact: the same conversion eager runs first). And bool arithmetic that eager
 defines as logic becomes the logical op: `add`/`maximum` of bools is `logical_or`, `minimum` is
 `logical_and`.
 """
@@ -15,7 +17,7 @@ import torch
 import torch.fx
 
 from ..opset import lookup
-from ..opset.table import FLOAT
+from ..opset.table import ELEMENTWISE, FLOAT
 
 __all__ = ["promote_operands"]
 
@@ -55,7 +57,12 @@ def promote_operands(gm: torch.fx.GraphModule) -> None:
                 changed = True
             continue
         entry = lookup(node.target)
-        if entry is None or entry.dtypes != FLOAT or not out.is_floating_point():
+        if (
+            entry is None
+            or entry.dtypes != FLOAT
+            or not entry.has(ELEMENTWISE)  # index operands (gather, nll_loss target) stay ints
+            or not out.is_floating_point()
+        ):
             continue
         for operand in list(node.all_input_nodes):
             val = _val(operand)

@@ -102,12 +102,35 @@ def _refuse_unexportable(program: Program) -> None:
 
 
 def _check_nodes(program: Program) -> None:
-    """Refuse, at the user's line, what export would fail on: a collective over more than one
-    rank (one rank: the identity) and MX arguments the MX rules do not take."""
+    """Refuse, at the user's line, what export would fail on or get wrong: complex results (the
+    exporter keeps only the real part), avg_pool2d's divisor_override (ignored by AveragePool), a
+    collective over more than one rank (one rank: the identity) and MX arguments the MX rules do
+    not take."""
     from .translations.mx import check_node
 
     for node in program.graph.nodes:
-        if node.op != "call_function" or lookup(node.target) is None:
+        if node.op != "call_function":
+            continue
+        if any(d is not None and d.is_complex for d in _result_dtypes(node)):
+            raise _located(
+                node,
+                f"backend onnx has no complex tensors: {op_name(node.target)} makes one (torch.onnx "
+                "would export its real part only)",
+                "keep complex values as real pairs: torch.view_as_real(z) before the op, or "
+                "run the program on `cpu`",
+            )
+        if (
+            op_name(node.target) == "aten.avg_pool2d.default"
+            and _divisor_override(node) is not None
+        ):
+            raise _located(
+                node,
+                "backend onnx cannot export aten.avg_pool2d.default with divisor_override "
+                "(ONNX AveragePool always divides by the window size)",
+                "drop divisor_override and rescale: F.avg_pool2d(x, k) * (kh * kw / divisor), "
+                "or run the program on `cpu` or `xla`",
+            )
+        if lookup(node.target) is None:
             continue
         name = op_name(node.target)
         if name in _COLLECTIVES and (group := bind(node).literal("group_size")) != 1:
@@ -119,6 +142,19 @@ def _check_nodes(program: Program) -> None:
             )
         if _static(node):  # symbolic dims are checked by the MX rules while exporting
             check_node(node)  # LoweringError at the node
+
+
+def _result_dtypes(node: Node) -> list:
+    """The dtypes of `node`'s results (its tensor metadata; none where it has no metadata)."""
+    value = node.meta.get("val", node.meta.get("tensor"))
+    values = value if isinstance(value, (tuple, list)) else [value]
+    return [getattr(v, "dtype", None) for v in values]
+
+
+def _divisor_override(node: Node):
+    if "divisor_override" in node.kwargs:
+        return node.kwargs["divisor_override"]
+    return node.args[6] if len(node.args) > 6 else None
 
 
 def _static(node: Node) -> bool:

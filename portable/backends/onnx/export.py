@@ -27,6 +27,8 @@ from portable.ir.signature import InputKind, OutputKind, TensorSpec
 from portable.ir.source import source_of
 from portable.torch_compat import copy_graph_module, quiet_onnx_registry
 
+from .bfloat16 import compute_in_float32
+
 __all__ = [
     "EXTERNAL_DATA_THRESHOLD",
     "MODEL_FILE",
@@ -84,7 +86,15 @@ class _ProgramModule(torch.nn.Module):
         users = iter(inputs)
         flat = [next(users) if user else getattr(self, name) for user, name in self._inputs]
         outputs = self.graph_module(*flat)
-        return tuple(outputs[i] for i in self._outputs)
+        results: list[torch.Tensor] = []
+        for i in self._outputs:
+            out = outputs[i]
+            # an output that is an input, a weight or an earlier output gets its own ONNX value
+            # (else the graph's output names the input and the session cannot feed it)
+            if any(out is t for t in (*flat, *results)):
+                out = out.clone()
+            results.append(out)
+        return tuple(results)
 
 
 def _buffer_name(target: str | None) -> str:
@@ -224,6 +234,8 @@ def _annotate(path: Path, program: Program) -> None:
     model.producer_name = "portable"
     model.graph.name = program.name
     _user_stack_traces(model, program)
+    _cast_outputs(model, program)
+    compute_in_float32(model, rounded={node.name for node in program.graph.nodes})
     identity = program.identity()
     for key, value in {
         "portable.program": identity["name"],
@@ -235,6 +247,41 @@ def _annotate(path: Path, program: Program) -> None:
     onnx.save(model, str(path))
 
 
+def _cast_outputs(model: Any, program: Program) -> None:
+    """Give each graph output the dtype the program declares. torch.onnx computes some bfloat16
+    / float16 ops in float32 (its type-promotion pass casts the inputs up and leaves the result
+    there): a final `Cast` to the declared dtype makes the result what the `cpu` kernel returns
+    (the kernels compute in float32 and round once, as this does)."""
+    from onnx import helper
+
+    declared = [o.spec.dtype for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
+    for output, dtype in zip(model.graph.output, declared, strict=False):
+        want = _ONNX_TYPE.get(dtype)
+        have = output.type.tensor_type.elem_type
+        if want is None or have == want:
+            continue
+        inner = output.name + "__uncast"
+        for node in model.graph.node:
+            node.output[:] = [inner if o == output.name else o for o in node.output]
+            node.input[:] = [inner if i == output.name else i for i in node.input]
+        model.graph.node.append(
+            helper.make_node("Cast", [inner], [output.name], to=want, name=inner + "_cast")
+        )
+        output.type.tensor_type.elem_type = want
+
+
+_ONNX_TYPE = {  # torch dtype -> onnx.TensorProto data type
+    torch.float32: 1,
+    torch.uint8: 2,
+    torch.int8: 3,
+    torch.int16: 5,
+    torch.int32: 6,
+    torch.int64: 7,
+    torch.bool: 9,
+    torch.float16: 10,
+    torch.float64: 11,
+    torch.bfloat16: 16,
+}
 _STACK_TRACE = "pkg.torch.onnx.stack_trace"
 _FX_NODE = re.compile(r"%([A-Za-z0-9_]+) :")
 

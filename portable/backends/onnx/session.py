@@ -17,6 +17,7 @@ import torch
 
 from portable.errors import BackendError
 from portable.ir.program import Program
+from portable.ir.signature import InputKind
 
 from .export import ExportedModel
 
@@ -48,11 +49,19 @@ def session_function(
             fix="a kernel ORT's CPU provider lacks (often a bfloat16 one): run the program on "
             "`cpu` or `xla`, or cast it to float32 before capture",
         ) from error
-    position = {s.name: i for i, s in enumerate(program.signature.inputs)}
+    # the model takes the user inputs in the signature's order; by position, not by name: an
+    # input the program returns as is may carry the output's name in the model
+    users = [i for i, s in enumerate(program.signature.inputs) if s.kind is InputKind.USER_INPUT]
     names = [i.name for i in session.get_inputs()]
+    if len(names) != len(users):
+        raise BackendError(
+            f"the ONNX model of {program.name} takes {len(names)} inputs, the program "
+            f"{len(users)} user inputs",
+            fix="report it with the program archive; run the program on `cpu` or `xla` meanwhile",
+        )
 
     def run(flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-        feeds = {name: _to_ort(ort, flat[position[name]]) for name in names}
+        feeds = {name: _to_ort(ort, flat[i]) for name, i in zip(names, users, strict=True)}
         return [_to_torch(o) for o in session.run_with_ort_values(None, feeds)]
 
     return run

@@ -64,12 +64,15 @@ def opmath(dtype):
 
 
 def dim_list(dims: int | Sequence[int] | None, rank: int) -> tuple[int, ...]:
-    """Normalize torch's dim argument (int, list, or None / [] = all) to non-negative ints."""
+    """Normalize torch's dim argument (int, list, or None / [] = all) to non-negative ints. A
+    0-d tensor accepts dims 0 and -1 and has nothing to reduce over: ()."""
+    if rank == 0:
+        return ()
     if dims is None or (isinstance(dims, (list, tuple)) and len(dims) == 0):
         return tuple(range(rank))
     if isinstance(dims, int):
         dims = [dims]
-    return tuple(d % rank if rank else 0 for d in dims)
+    return tuple(d % rank for d in dims)
 
 
 def norm_dim(dim: int, rank: int) -> int:

@@ -179,9 +179,13 @@ def index_put(ctx, x, indices, values, accumulate=False):
             )
         mask = mask.reshape(mask.shape + (1,) * (x.ndim - mask.ndim))
         v = values.reshape(())
-        return jnp.where(mask, x + v if accumulate else v, x)
+        added = (x | v) if x.dtype == jnp.bool_ else x + v
+        return jnp.where(mask, added if accumulate else v, x)
     ref = x.at[_advanced_key(ctx, indices)]
     # with duplicate indices torch leaves which write wins unspecified; accumulate sums them all
+    # (on bools, sums are logical or: any True write makes True)
+    if accumulate and x.dtype == jnp.bool_:
+        return ref.max(values)
     return ref.add(values) if accumulate else ref.set(values)
 
 
@@ -256,3 +260,25 @@ def tril(ctx, x, diagonal=0):
 @RULES.register("aten.triu.default")
 def triu(ctx, x, diagonal=0):
     return jnp.triu(x, k=diagonal)
+
+
+@RULES.register("aten.diagonal.default")
+def diagonal(ctx, x, offset=0, dim1=0, dim2=1):
+    # x[..., i, i + offset] over the (dim1, dim2) planes, as a new last dim (numpy's convention)
+    return jnp.diagonal(x, offset, norm_dim(dim1, x.ndim), norm_dim(dim2, x.ndim))
+
+
+@RULES.register("aten.diagonal_scatter.default")
+def diagonal_scatter(ctx, x, src, offset=0, dim1=0, dim2=1):
+    # move (dim1, dim2) last, write src's last dim along the diagonal, move them back
+    d1, d2 = norm_dim(dim1, x.ndim), norm_dim(dim2, x.ndim)
+    planes = jnp.moveaxis(x, (d1, d2), (-2, -1))
+    i = jnp.arange(src.shape[-1])
+    planes = planes.at[..., i + max(-offset, 0), i + max(offset, 0)].set(src.astype(x.dtype))
+    return jnp.moveaxis(planes, (-2, -1), (d1, d2))
+
+
+@RULES.register("aten.repeat.default")
+def repeat(ctx, x, repeats):
+    # len(repeats) >= x.ndim; x gains leading size-1 dims first, as numpy's tile does
+    return jnp.tile(x, tuple(int(r) for r in repeats))

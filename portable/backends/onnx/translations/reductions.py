@@ -1,0 +1,103 @@
+"""ONNX rules for the ATen reductions whose torch.onnx rules fail on edge cases: `amax` / `amin`
+over every dim (`dim=[]`, which torchlib's rules cannot take), `aminmax` (no torchlib rule), and
+reductions of 0-d tensors (reducing a scalar over dim 0 or -1 is the identity; ONNX's Reduce*
+ops refuse an axis on a rank-0 input), and `squeeze.dims`, which torch's decompositions of those
+reductions use."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import cast
+
+import torch
+from onnxscript import INT64
+from onnxscript import opset23 as op
+from onnxscript.function_libs.torch_lib.ops import core
+
+__all__ = ["TRANSLATIONS"]
+
+_ATEN = torch.ops.aten
+
+
+def _rank(x) -> int | None:
+    shape = getattr(x, "shape", None)
+    return None if shape is None else len(shape)
+
+
+def _axes(dim) -> list[int]:
+    if dim is None:
+        return []
+    if isinstance(dim, int):
+        return [dim]
+    return [int(d) for d in dim]
+
+
+def _reduce(reduce, x, dim, keepdim: bool):
+    if _rank(x) == 0:
+        return op.Identity(x)
+    axes = _axes(dim)
+    if not axes:  # every dim
+        return reduce(x, keepdims=int(bool(keepdim)))
+    return reduce(x, cast(INT64, op.Constant(value_ints=axes)), keepdims=int(bool(keepdim)))
+
+
+def amax(x, dim=(), keepdim: bool = False):
+    return _reduce(op.ReduceMax, x, dim, keepdim)
+
+
+def amin(x, dim=(), keepdim: bool = False):
+    return _reduce(op.ReduceMin, x, dim, keepdim)
+
+
+def aminmax(x, dim=None, keepdim: bool = False):
+    return _reduce(op.ReduceMin, x, dim, keepdim), _reduce(op.ReduceMax, x, dim, keepdim)
+
+
+def mean_dim(x, dim=None, keepdim: bool = False, dtype=None):
+    if _rank(x) != 0:
+        return core.aten_mean_dim(x, _axes_value(x, dim), keepdim, -1 if dtype is None else dtype)
+    result = op.Identity(x)
+    return result if dtype in (None, -1) else op.Cast(result, to=dtype)
+
+
+def logsumexp(x, dim, keepdim: bool = False):
+    if _rank(x) != 0:
+        return core.aten_logsumexp(x, _axes_value(x, dim), keepdim)
+    return op.Identity(x)
+
+
+def var_correction(x, dim=None, correction=None, keepdim: bool = False):
+    if _rank(x) != 0:
+        return core.aten_var_correction(x, dim, correction, keepdim)
+    # one element: 0 / (1 - correction), which is NaN for the default correction of 1, as torch
+    denominator = 1.0 - (1.0 if correction is None else float(correction))
+    return op.Div(op.Sub(x, x), op.CastLike(denominator, x))
+
+
+def squeeze_dims(x, dim):
+    """torch squeezes only the named dims of size 1 (a 0-d tensor stays as is); ONNX Squeeze
+    refuses any other. torchlib has no rule for this overload (its decomposition fails on 0-d)."""
+    rank = _rank(x) or 0
+    shape = x.shape
+    axes = [
+        d % rank for d in _axes(dim) if rank and not (isinstance(shape[d], int) and shape[d] != 1)
+    ]
+    if not axes:
+        return op.Identity(x)
+    return op.Squeeze(x, cast(INT64, op.Constant(value_ints=sorted(set(axes)))))
+
+
+def _axes_value(x, dim):
+    axes = _axes(dim) or list(range(_rank(x) or 0))
+    return cast(INT64, op.Constant(value_ints=axes))
+
+
+TRANSLATIONS: dict[torch._ops.OpOverload, Callable] = {
+    _ATEN.amax.default: amax,
+    _ATEN.amin.default: amin,
+    _ATEN.aminmax.default: aminmax,
+    _ATEN.mean.dim: mean_dim,
+    _ATEN.logsumexp.default: logsumexp,
+    _ATEN.squeeze.dims: squeeze_dims,
+    _ATEN.var.correction: var_correction,
+}

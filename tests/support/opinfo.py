@@ -439,7 +439,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--shard", default="0/1", help="i/n: every n-th OpInfo from the i-th")
     parser.add_argument("--out", default="-", help="JSON lines of the cases (default stdout)")
     parser.add_argument("--summary", default="", help="summarize an existing JSON lines file")
+    parser.add_argument(
+        "--dtypes",
+        default=",".join(str(d).removeprefix("torch.") for d in DTYPES),
+        help="comma-separated dtypes (default: float32,bfloat16,int64,bool)",
+    )
     args = parser.parse_args(argv)
+    dtypes = tuple(getattr(torch, name) for name in args.dtypes.split(",") if name)
     if args.summary:
         rows = [json.loads(line) for line in open(args.summary) if line.strip()]
         print(json.dumps(summarize(rows), indent=1))
@@ -452,7 +458,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     torch.set_num_threads(1)
     for info in infos:
         start = time.perf_counter()
-        for case in cases(info, args.samples):
+        for case in cases(info, args.samples, dtypes):
             out.write(json.dumps(case.to_json()) + "\n")
             out.flush()
         print(f"{full_name(info)}: {time.perf_counter() - start:.1f}s", file=sys.stderr, flush=True)

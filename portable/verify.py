@@ -110,12 +110,22 @@ def _free_symbols(dim: str) -> set[str]:
 def _check_static(node: torch.fx.Node, symbols: set[str]) -> None:
     for spec in _specs(node.meta.get("tensor")):
         for dim in spec.shape:
-            if isinstance(dim, str) and not _free_symbols(dim) <= symbols:
+            if not isinstance(dim, str) or _free_symbols(dim) <= symbols:
+                continue
+            if any(re.fullmatch(r"u\d+", name) for name in _free_symbols(dim) - symbols):
+                # torch's unbacked symbols: a size that depends on the values (x[mask], nonzero)
                 _fail(
-                    f"node {node.name} has an undeclared symbolic dim {dim!r}",
+                    f"node {node.name} has a shape that depends on the input's values ({dim!r}); "
+                    "no backend takes data-dependent shapes",
                     node,
-                    fix="declare it with dynamic_shapes=... at capture, or capture with static shapes",
+                    fix="keep the shape static: torch.where(mask, x, 0) instead of x[mask], or a "
+                    "fixed-size selection such as torch.topk",
                 )
+            _fail(
+                f"node {node.name} has an undeclared symbolic dim {dim!r}",
+                node,
+                fix="declare it with dynamic_shapes=... at capture, or capture with static shapes",
+            )
 
 
 def verify(program: Program, *, check_shapes: bool = True) -> None:

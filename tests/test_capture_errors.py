@@ -570,3 +570,13 @@ def test_capture_spec_takes_the_decorated_object_or_its_spec():
         portable.capture_spec(TwoLayer)
     assert "TwoLayer is not decorated with @portable" in str(info.value)
     assert "fix: decorate it with @portable(example_inputs=...)" in str(info.value)
+
+
+def test_a_data_dependent_shape_is_refused_as_such_with_a_static_fix():
+    class Positive(nn.Module):
+        def forward(self, x):
+            return x[x > 0] * 2  # boolean-mask indexing: as many elements as are positive
+
+    with pytest.raises(portable.PortableError, match="depends on the input's values") as info:
+        portable.capture(Positive(), (torch.randn(8),))
+    assert "torch.where" in info.value.fix and "dynamic_shapes" not in info.value.fix

@@ -2,11 +2,10 @@
 prefetch under a memory cap, the cost model, and numerics (XLA multi-device and
 torch.distributed runs before and after the pass are bit-identical).
 
-Regenerate the golden files with `PORTABLE_REGEN_GOLDEN=1 pytest tests/test_comm_overlap.py`."""
+Regenerate the golden files with `PORTABLE_UPDATE_GOLDEN=1 pytest tests/test_comm_overlap.py`."""
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -18,6 +17,7 @@ from portable.passes.comm_overlap import CommOverlap
 from portable.passes.spmd_partition import partition
 from portable.verify import verify
 from tests.spmd_cases import plan_for, training_program
+from tests.support import golden
 
 GOLDEN = Path(__file__).parent / "golden"
 ops = torch.ops.portable
@@ -31,12 +31,7 @@ def per_rank(example_spec, stem: str, plan: str):
 
 
 def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("PORTABLE_REGEN_GOLDEN"):
-        path.parent.mkdir(exist_ok=True)
-        path.write_text(text)
-    assert path.is_file(), f"{path} missing: run with PORTABLE_REGEN_GOLDEN=1"
-    assert text == path.read_text(), f"{name} differs (PORTABLE_REGEN_GOLDEN=1 to regenerate)"
+    golden.check_golden(GOLDEN / name, text)
 
 
 def apply(program, **options):

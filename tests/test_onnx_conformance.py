@@ -11,6 +11,7 @@ import torch
 
 import portable
 import portable.errors
+from portable.ir.signature import TensorSpec
 from portable.testing import check_parity
 
 pytest.importorskip("onnx")
@@ -61,8 +62,14 @@ def test_bfloat16_results_stay_bfloat16(fn):
 
 @pytest.mark.parametrize(
     "fn",
-    [torch.sin, lambda x: x + x * 3, lambda x: x - 1, torch.nn.functional.gelu],
-    ids=["sin", "add_mul", "sub", "gelu"],
+    [
+        torch.sin,
+        lambda x: x + x * 3,
+        lambda x: x - 1,
+        torch.nn.functional.gelu,
+        lambda x: torch.exp(1 - x),  # rsub: its ONNX value is not named after the fx node
+    ],
+    ids=["sin", "add_mul", "sub", "gelu", "rsub_exp"],
 )
 def test_bfloat16_ops_without_ort_kernels_compute_in_float32(fn):
     # ORT's CPU provider has no bfloat16 Sin/Add/Sub/Gelu: the model computes them in float32
@@ -91,7 +98,7 @@ def test_complex_result_refused():
     x = torch.randn(3)
     program = portable.capture(_Fn(lambda x: x * 2), (x,))
     node = next(n for n in program.graph.nodes if n.op == "call_function")
-    node.meta["val"] = torch.empty(3, dtype=torch.complex64)  # a node with a complex result
+    node.meta["tensor"] = TensorSpec((3,), torch.complex64)  # a node with a complex result
     with pytest.raises(portable.errors.PortableError, match="complex"):
         check_parity(program, (x,), backends=["onnx"])
 
@@ -184,3 +191,26 @@ _B = torch.tensor([[True, False, True, False]] * 3)
 def test_integer_and_bool_dtypes_ort_lacks_kernels_for(fn, inputs):
     # ORT's CPU provider has no int64 Gemm/Relu, bool Where, integer IsNaN: translations/dtypes.py
     _parity(fn, *inputs)
+
+
+def _with_nans() -> torch.Tensor:
+    x = torch.randn(3, 5, generator=torch.Generator().manual_seed(0))
+    x[1, 2] = x[2, 0] = float("nan")
+    return x
+
+
+@pytest.mark.parametrize(
+    "fn",
+    [
+        lambda x: x.argmax(1),
+        lambda x: x.argmax(),
+        lambda x: x.max(1),
+        lambda x: x.amax(1),
+        lambda x: x.amin(),
+        lambda x: torch.aminmax(x, dim=0),
+    ],
+    ids=["argmax", "argmax_all", "max_dim", "amax", "amin_all", "aminmax"],
+)
+def test_nan_propagates_through_max_and_min_as_in_torch(fn):
+    # ORT's ArgMax / ReduceMax skip NaN; torch returns it (and its first index)
+    _parity(fn, _with_nans())

@@ -89,10 +89,13 @@ def test_elementwise_ops_commute_with_a_permutation_of_elements():
         tensors = [a for a in op._schema.arguments if a.type.isSubtypeOf(torch._C.TensorType.get())]
         if len(args) != 1 or len(tensors) != 1:
             continue  # unary tensor ops only; the others are checked by their shape rule
-        if name == "aten.clamp.default":
+        if name in ("aten.clamp.default", "aten.clamp.Tensor"):
             continue  # needs a bound
         value = x if "bitwise" not in name and "logical" not in name else x > 1
-        assert torch.equal(op(value)[perm], op(value[perm])), name
+        # bit for bit, NaN included (asin, acosh, erfinv of values outside their domain)
+        torch.testing.assert_close(
+            op(value)[perm], op(value[perm]), rtol=0, atol=0, equal_nan=True, msg=name
+        )
         checked += 1
     assert checked >= 15
 

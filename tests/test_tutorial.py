@@ -200,6 +200,7 @@ _FOREIGN_FLAGS = {
     "--write",
     "--quick",  # benchmarks/reliability.py
     "--sweep",
+    "--dtypes",  # tests/support/opinfo.py (the OpInfo sweep)
 }
 
 

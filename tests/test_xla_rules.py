@@ -59,7 +59,10 @@ from xla_cases import (  # noqa: E402
     aten,
     t,
 )
+from xla_math_cases import _MATH  # noqa: E402
+from xla_nn2_cases import _NN_2, EXACT_NN  # noqa: E402
 from xla_nn_cases import _NN, _PORTABLE, _SYMBOLIC  # noqa: E402
+from xla_reduction_cases import _REDUCTIONS_2, EXACT_REDUCTIONS  # noqa: E402
 
 # ops with no rule yet, and why (reviewed: adding an op to the opset must add a case or a line here)
 EXCLUDED: dict[str, str] = {}
@@ -103,6 +106,8 @@ EXACT = (
         "portable.all_to_all.default",
         "portable.local_shard.default",
     }
+    | EXACT_REDUCTIONS
+    | EXACT_NN
 ) - {
     "aten.embedding_dense_backward.default",  # sums rows
     "aten.index_put.default",  # accumulate=True sums duplicates
@@ -112,12 +117,15 @@ EXACT = (
 
 CASES = [
     *_ELEMENTWISE,
+    *_MATH,
     *_REDUCTIONS,
+    *_REDUCTIONS_2,
     *_LOSSES,
     *_MATMUL,
     *_SHAPE,
     *_CREATION,
     *_NN,
+    *_NN_2,
     *_PORTABLE,
     *_SYMBOLIC,
 ]

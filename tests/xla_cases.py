@@ -185,6 +185,7 @@ _REDUCTIONS = [
     C("aten.amin.default", lambda d: A(t(d, 3, 4, 5), [-1, 0]), (F32, BF16, I64)),
     C("aten.max.dim", lambda d: A(distinct(d, 3, 4, 5), 1), (F32, BF16, I64)),
     C("aten.max.dim", lambda d: A(distinct(d, 3, 4), -1, True), (F32,), "keepdim"),
+    C("aten.max.dim", lambda d: A(t(d, 3, 4), 1), (BOOL,), "bool"),
     C("aten.argmax.default", lambda d: A(distinct(d, 3, 4, 5), 1), (F32, I64)),
     C("aten.argmax.default", lambda d: A(distinct(d, 3, 4), None), (F32,), "flat"),
     C("aten.argmax.default", lambda d: A(distinct(d, 3, 4), None, True), (F32,), "flat_keepdim"),

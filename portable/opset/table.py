@@ -21,7 +21,7 @@ import torch
 
 from . import collectives, mx_ops, nn_ops  # noqa: F401 (define the portable:: ops the table names)
 
-OPSET_VERSION = "1.2"
+OPSET_VERSION = "1.3"
 
 # dtype classes
 FLOAT = "float"
@@ -202,6 +202,70 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.logical_not.default", ANY, "same", "not x (bool result)"),
     _e("aten.logical_and.default", ANY, "broadcast", "x and y (bool result)"),
     _e("aten.logical_or.default", ANY, "broadcast", "x or y (bool result)"),
+    # elementwise math: rounding, logarithms, inverse trigonometry, special functions
+    _e("aten.sign.default", NUMERIC, "same", "sign of x: -1, 0 or 1 (0 for NaN)"),
+    _e("aten.log1p.default", FLOAT, "same", "log(1 + x), accurate near 0"),
+    _e("aten.expm1.default", FLOAT, "same", "exp(x) - 1, accurate near 0"),
+    _e("aten.log2.default", FLOAT, "same", "base-2 logarithm"),
+    _e("aten.log10.default", FLOAT, "same", "base-10 logarithm"),
+    _e("aten.floor.default", NUMERIC, "same", "round toward -inf (identity on integers)"),
+    _e("aten.ceil.default", NUMERIC, "same", "round toward +inf (identity on integers)"),
+    _e("aten.trunc.default", NUMERIC, "same", "round toward 0 (identity on integers)"),
+    _e("aten.round.default", NUMERIC, "same", "round half to even (identity on integers)"),
+    _e(
+        "aten.round.decimals",
+        NUMERIC,
+        "same",
+        "round half to even at `decimals` decimal digits: nearbyint(x * 10^d) / 10^d",
+    ),
+    _e("aten.isinf.default", ANY, "same", "x is +inf or -inf (bool)"),
+    _e("aten.asin.default", FLOAT, "same", "inverse sine (NaN outside [-1, 1])"),
+    _e("aten.acos.default", FLOAT, "same", "inverse cosine (NaN outside [-1, 1])"),
+    _e("aten.atan.default", FLOAT, "same", "inverse tangent"),
+    _e("aten.atan2.default", FLOAT, "broadcast", "angle of the point (other, self), IEEE"),
+    _e("aten.sinh.default", FLOAT, "same", "hyperbolic sine"),
+    _e("aten.cosh.default", FLOAT, "same", "hyperbolic cosine"),
+    _e("aten.tan.default", FLOAT, "same", "tangent"),
+    _e("aten.asinh.default", FLOAT, "same", "inverse hyperbolic sine"),
+    _e("aten.acosh.default", FLOAT, "same", "inverse hyperbolic cosine (NaN below 1)"),
+    _e("aten.atanh.default", FLOAT, "same", "inverse hyperbolic tangent (+-inf at +-1)"),
+    _e("aten.erfc.default", FLOAT, "same", "1 - erf(x), accurate in the tail"),
+    _e("aten.erfinv.default", FLOAT, "same", "inverse error function (+-inf at +-1)"),
+    _e("aten.lgamma.default", FLOAT, "same", "log |gamma(x)| (+inf at the poles 0, -1, -2, ...)"),
+    _e(
+        "aten.digamma.default",
+        FLOAT,
+        "same",
+        "d lgamma(x) / dx (-inf at +0, +inf at -0, NaN at negative integers)",
+    ),
+    _e("aten.exp2.default", FLOAT, "same", "2 ** x"),
+    _e("aten.hypot.default", FLOAT, "broadcast", "sqrt(x^2 + y^2) without overflow"),
+    _e(
+        "aten.remainder.Tensor",
+        NUMERIC,
+        "broadcast",
+        "x mod y with the sign of y (Python's %): fmod(x, y), plus y where the signs differ",
+    ),
+    _e("aten.remainder.Scalar", NUMERIC, "same", "x mod scalar with the sign of the scalar"),
+    _e("aten.fmod.Tensor", NUMERIC, "broadcast", "x mod y with the sign of x (C's fmod)"),
+    _e("aten.fmod.Scalar", NUMERIC, "same", "x mod scalar with the sign of x (C's fmod)"),
+    _e(
+        "aten.elu.default",
+        FLOAT,
+        "same",
+        "x >= 0 ? x * scale : expm1(x * input_scale) * alpha * scale",
+    ),
+    _e("aten.leaky_relu.default", FLOAT, "same", "x > 0 ? x : x * negative_slope"),
+    _e("aten.hardtanh.default", NUMERIC, "same", "min(max(x, min_val), max_val) (NaN propagates)"),
+    _e(
+        "aten.clamp.Tensor",
+        NUMERIC,
+        "broadcast",
+        "min(max(x, lo), hi) with tensor bounds (NaN in any operand propagates)",
+    ),
+    _e("aten.bitwise_xor.Tensor", ANY, "broadcast", "logical / bitwise exclusive or"),
+    _e("aten.logical_xor.default", ANY, "broadcast", "x xor y, nonzero as true (bool result)"),
+    _e("aten.copysign.Tensor", FLOAT, "broadcast", "|x| with the sign bit of y"),
     # comparisons
     _e("aten.eq.Scalar", ANY, "same", "x == scalar"),
     _e("aten.eq.Tensor", ANY, "broadcast", "x == y"),
@@ -223,11 +287,43 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.mean.default", FLOAT, "reduce", "mean of all elements"),
     _e("aten.amax.default", NUMERIC, "reduce", "max over dims"),
     _e("aten.amin.default", NUMERIC, "reduce", "min over dims"),
-    _e("aten.max.dim", NUMERIC, "tuple", "(max, argmax) over one dim"),
+    _e("aten.max.dim", ANY, "tuple", "(max, argmax) over one dim"),
     _e("aten.argmax.default", NUMERIC, "reduce", "index of the max over one dim"),
+    _e("aten.argmin.default", NUMERIC, "reduce", "index of the min over one dim (first of ties)"),
+    _e("aten.min.dim", ANY, "tuple", "(min, argmin) over one dim"),
+    _e("aten.max.default", ANY, "reduce", "max of all elements (NaN propagates)"),
+    _e("aten.min.default", ANY, "reduce", "min of all elements (NaN propagates)"),
+    _e("aten.any.default", ANY, "reduce", "whether any element is nonzero"),
+    _e("aten.any.dim", ANY, "reduce", "whether any element is nonzero, over one dim"),
+    _e("aten.any.dims", ANY, "reduce", "whether any element is nonzero, over dims ([]: none)"),
+    _e("aten.prod.default", ANY, "reduce", "product of all elements"),
+    _e("aten.prod.dim_int", ANY, "reduce", "product over one dim"),
+    _e("aten.var_mean.correction", FLOAT, "tuple", "(variance with a correction, mean) over dims"),
+    _e(
+        "aten.linalg_vector_norm.default",
+        FLOAT,
+        "reduce",
+        "sum(|x|^ord)^(1/ord) over dims; ord inf / -inf: max / min |x|, 0: count of nonzeros",
+    ),
     _e("aten.var.correction", FLOAT, "reduce", "variance over dims with a correction"),
     _e("aten.topk.default", NUMERIC, "tuple", "(values, indices) of the k largest along dim"),
     _e("aten.cumsum.default", ANY, "same", "inclusive prefix sum along dim"),
+    # sorting, selection and scans
+    _e("aten.flip.default", ANY, "same", "reverse the order of elements along `dims`"),
+    _e("aten.sort.default", ANY, "tuple", "(values, indices) sorted along dim; NaN largest"),
+    _e(
+        "aten.sort.stable",
+        ANY,
+        "tuple",
+        "(values, indices) sorted along dim, ties in index order when stable; NaN largest",
+    ),
+    _e("aten.cumprod.default", ANY, "same", "inclusive prefix product along dim"),
+    _e(
+        "aten.scatter_reduce.two",
+        ANY,
+        "same",
+        "x with src reduced into x[index] along dim by sum/prod/mean/amax/amin (with x or not)",
+    ),
     # softmax family
     _e("aten._softmax.default", FLOAT, "same", "exp(x - max) / sum(exp(x - max)) along dim"),
     _e("aten._log_softmax.default", FLOAT, "same", "x - max - log(sum(exp(x - max))) along dim"),
@@ -376,6 +472,82 @@ _ATEN: tuple[OpDef, ...] = (
         "tuple",
         "(grad_input, grad_weight, grad_bias) of layer norm",
     ),
+    # group norm, interpolation, adaptive max and 3-d pooling
+    _e(
+        "aten.native_group_norm.default",
+        FLOAT,
+        "tuple",
+        "(y, mean, rstd) of group norm: C split into `group` groups, each normalized over its "
+        "channels and HxW; mean and rstd are [N, group]",
+    ),
+    _e(
+        "aten.upsample_bilinear2d.vec",
+        FLOAT,
+        "pool",
+        "bilinear resize of the last two dims to output_size or by scale_factors (align_corners "
+        "maps corner to corner; else half-pixel centres, the given scale used when passed)",
+    ),
+    _e(
+        "aten.upsample_nearest2d.vec",
+        FLOAT,
+        "pool",
+        "nearest resize of the last two dims: source index floor(dst * in / out), or "
+        "floor(dst / scale) with scale_factors, rounded as torch's CPU kernels round it",
+    ),
+    _e(
+        "aten.upsample_nearest2d.default",
+        FLOAT,
+        "pool",
+        "upsample_nearest2d.vec with the output size given and optional scales_h, scales_w",
+    ),
+    _e(
+        "aten.adaptive_max_pool2d.default",
+        FLOAT,
+        "tuple",
+        "(max, argmax h * W + w) over adaptive 2-d windows [floor(i*n/o), ceil((i+1)*n/o))",
+    ),
+    _e(
+        "aten.adaptive_max_pool2d_backward.default",
+        FLOAT,
+        "same",
+        "route grad to each adaptive window's argmax",
+    ),
+    _e(
+        "aten.max_pool3d_with_indices.default",
+        NUMERIC,
+        "tuple",
+        "(max, argmax d * H * W + h * W + w) over 3-d windows",
+    ),
+    _e(
+        "aten.max_pool3d_with_indices_backward.default",
+        FLOAT,
+        "same",
+        "route grad to each 3-d window's argmax",
+    ),
+    _e("aten.avg_pool3d.default", FLOAT, "pool", "mean over 3-d windows"),
+    _e(
+        "aten.avg_pool3d_backward.default", FLOAT, "same", "spread grad evenly over each 3-d window"
+    ),
+    _e("aten._adaptive_avg_pool3d.default", FLOAT, "pool", "mean over adaptive 3-d windows"),
+    _e(
+        "aten._adaptive_avg_pool3d_backward.default",
+        FLOAT,
+        "same",
+        "backward of adaptive 3-d average pooling",
+    ),
+    _e(
+        "aten.diagonal.default",
+        ANY,
+        "view",
+        "the diagonal at `offset` of the (dim1, dim2) planes, moved to a new last dim",
+    ),
+    _e(
+        "aten.diagonal_scatter.default",
+        ANY,
+        "same",
+        "x with its diagonal at `offset` of the (dim1, dim2) planes replaced by src",
+    ),
+    _e("aten.repeat.default", ANY, "view", "tile x `repeats` times along each dim"),
 )
 
 _PORTABLE: tuple[OpDef, ...] = (

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from torch.fx import Node
 
@@ -21,6 +22,9 @@ from portable.opset import bind, lookup, op_name, opset_table
 from portable.runtime import Executable
 
 from ..base import Backend, Capabilities, Lowered, Target, Written
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["OnnxBackend"]
 
@@ -144,14 +148,15 @@ def _check_nodes(program: Program) -> None:
             check_node(node)  # LoweringError at the node
 
 
-def _result_dtypes(node: Node) -> list:
-    """The dtypes of `node`'s results (its tensor metadata; none where it has no metadata)."""
-    value = node.meta.get("val", node.meta.get("tensor"))
+def _result_dtypes(node: Node) -> list[torch.dtype | None]:
+    """The dtypes of `node`'s results (its TensorSpec metadata, which archives store too; none
+    where it has no metadata)."""
+    value = node.meta.get("tensor")
     values = value if isinstance(value, (tuple, list)) else [value]
     return [getattr(v, "dtype", None) for v in values]
 
 
-def _divisor_override(node: Node):
+def _divisor_override(node: Node) -> object:
     if "divisor_override" in node.kwargs:
         return node.kwargs["divisor_override"]
     return node.args[6] if len(node.args) > 6 else None

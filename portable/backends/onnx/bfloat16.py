@@ -104,8 +104,13 @@ def compute_in_float32(model: Any, rounded: Iterable[str]) -> bool:
                 widen(name, rounded_bf16)
             else:
                 renamed[name] = name + "__f32raw"
+    sources = set(inputs)
+    narrowed: set[str] = set()
     for output in graph.output:
+        if output.name in sources or output.name in narrowed:
+            continue  # an input returned as is is bfloat16 already; a repeated output once
         if output.name in renamed:  # a bfloat16 output: round and narrow, under its own name
+            narrowed.add(output.name)
             nodes.append(
                 helper.make_node(
                     "Cast",

@@ -235,7 +235,7 @@ def _annotate(path: Path, program: Program) -> None:
     model.graph.name = program.name
     _user_stack_traces(model, program)
     _cast_outputs(model, program)
-    compute_in_float32(model, rounded={node.name for node in program.graph.nodes})
+    compute_in_float32(model, rounded=_op_results(model, program))
     identity = program.identity()
     for key, value in {
         "portable.program": identity["name"],
@@ -284,6 +284,26 @@ _ONNX_TYPE = {  # torch dtype -> onnx.TensorProto data type
 }
 _STACK_TRACE = "pkg.torch.onnx.stack_trace"
 _FX_NODE = re.compile(r"%([A-Za-z0-9_]+) :")
+
+
+def _fx_origin(node: Any) -> str | None:
+    """The name of the program node an ONNX node was translated from (torch.onnx's metadata)."""
+    for prop in node.metadata_props:
+        if prop.key == "pkg.torch.onnx.fx_node":
+            match = _FX_NODE.match(prop.value)
+            return match.group(1) if match else None
+    return None
+
+
+def _op_results(model: Any, program: Program) -> set[str]:
+    """The ONNX values that are results of program ops: those named after a program node, and
+    those a node of another program node (or the graph's output) reads: where torch rounds."""
+    results = {node.name for node in program.graph.nodes}
+    origin = {o: _fx_origin(n) for n in model.graph.node for o in n.output}
+    for node in model.graph.node:
+        here = _fx_origin(node)
+        results.update(i for i in node.input if i in origin and origin[i] != here)
+    return results
 
 
 def _user_stack_traces(model: Any, program: Program) -> None:

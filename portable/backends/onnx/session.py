@@ -62,7 +62,16 @@ def session_function(
 
     def run(flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         feeds = {name: _to_ort(ort, flat[i]) for name, i in zip(names, users, strict=True)}
-        return [_to_torch(o) for o in session.run_with_ort_values(None, feeds)]
+        try:
+            outputs = session.run_with_ort_values(None, feeds)
+        except Exception as error:  # onnxruntime's pybind errors share no base class
+            raise BackendError(
+                f"ONNX Runtime (CPU) failed running the model of {program.name}: "
+                f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}",
+                fix="a kernel ORT's CPU provider lacks for these dtypes, found only at run time: "
+                "run the program on `cpu` or `xla`",
+            ) from error
+        return [_to_torch(o) for o in outputs]
 
     return run
 

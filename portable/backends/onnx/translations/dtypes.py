@@ -7,14 +7,19 @@ selection in logic ops), `isnan` of integers and bools (IsNaN is float-only: nev
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import onnx_ir as ir
 import torch
-from onnxscript import opset23 as op
+from onnxscript import opset23
 from onnxscript.function_libs.torch_lib.ops import common as common_ops
 from onnxscript.function_libs.torch_lib.ops import core
 
 __all__ = ["TRANSLATIONS"]
+
+# the ONNX ops, untyped: onnxscript types each op's inputs with type variables over every ONNX
+# type, which the values a rule traces (typed when the exporter runs it) cannot be checked against
+op: Any = opset23
 
 _ATEN = torch.ops.aten
 _FLOATS = frozenset(

@@ -7,14 +7,19 @@ reductions use."""
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import cast
+from typing import Any, cast
 
 import torch
-from onnxscript import INT64
-from onnxscript import opset23 as op
+from onnxscript import INT64, opset23
 from onnxscript.function_libs.torch_lib.ops import core
 
+from .selection import nan_propagating
+
 __all__ = ["TRANSLATIONS"]
+
+# the ONNX ops, untyped: onnxscript types each op's inputs with type variables over every ONNX
+# type, which the values a rule traces (typed when the exporter runs it) cannot be checked against
+op: Any = opset23
 
 _ATEN = torch.ops.aten
 
@@ -41,16 +46,27 @@ def _reduce(reduce, x, dim, keepdim: bool):
     return reduce(x, cast(INT64, op.Constant(value_ints=axes)), keepdims=int(bool(keepdim)))
 
 
+def _extreme(reduce, x, dim, keepdim: bool):
+    """ReduceMax / ReduceMin, with NaN where a float x has one (ONNX Runtime's kernels skip
+    NaN; torch propagates it)."""
+    reduced = _reduce(reduce, x, dim, keepdim)
+    rank = _rank(x) or 0
+    if rank == 0 or x.dtype is None or not x.dtype.is_floating_point():
+        return reduced
+    axes = _axes(dim) or list(range(rank))
+    return nan_propagating(reduced, x, [a % rank for a in axes], keepdim)
+
+
 def amax(x, dim=(), keepdim: bool = False):
-    return _reduce(op.ReduceMax, x, dim, keepdim)
+    return _extreme(op.ReduceMax, x, dim, keepdim)
 
 
 def amin(x, dim=(), keepdim: bool = False):
-    return _reduce(op.ReduceMin, x, dim, keepdim)
+    return _extreme(op.ReduceMin, x, dim, keepdim)
 
 
 def aminmax(x, dim=None, keepdim: bool = False):
-    return _reduce(op.ReduceMin, x, dim, keepdim), _reduce(op.ReduceMax, x, dim, keepdim)
+    return _extreme(op.ReduceMin, x, dim, keepdim), _extreme(op.ReduceMax, x, dim, keepdim)
 
 
 def mean_dim(x, dim=None, keepdim: bool = False, dtype=None):

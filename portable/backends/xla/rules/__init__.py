@@ -30,7 +30,9 @@ __all__ = ["PLATFORMS", "RULES", "RuleContext", "RuleTable", "load_rules"]
 PLATFORMS = ("xla", "neuron")
 _MODULES = (
     "elementwise",
+    "math",
     "reductions",
+    "sorting",
     "shape",
     "creation",
     "nn",

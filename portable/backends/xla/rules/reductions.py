@@ -1,11 +1,16 @@
 """Reductions, scans, top-k and the softmax family (forward and backward).
 
 Torch conventions kept here: dims may be negative; `dim=None` or `[]` reduces every dim; sums
-of bool/int tensors are int64 (the recorded result dtype); half-precision inputs accumulate in
-float32 and round once; `max.dim`/`argmax`/`topk` return int64 indices of the first maximum.
+and products of bool/int tensors are int64 (the recorded result dtype); half-precision inputs
+accumulate in float32 and round once; `max.dim`/`min.dim`/`argmax`/`argmin`/`topk` return int64
+indices of the first maximum (minimum), NaN counting as both; `any.dims` with `dim=[]` reduces
+no dim.
 """
 
 from __future__ import annotations
+
+import functools
+import math
 
 import jax
 import jax.numpy as jnp
@@ -67,19 +72,136 @@ def argmax(ctx, x, dim=None, keepdim=False):
     return jnp.argmax(x, axis=norm_dim(dim, x.ndim), keepdims=keepdim).astype(dtype)
 
 
-@RULES.register("aten.var.correction")
-def var(ctx, x, dim=None, *, correction=None, keepdim=False):
-    # sum((x - mean)^2) / max(0, n - correction); correction defaults to 1 (Bessel)
+def _axes(dim: int | list[int] | None, x: jax.Array) -> tuple[int, ...]:
+    """dim_list, with no axis for a 0-d tensor (which torch reduces over dim 0 or -1 as is)."""
+    return dim_list(dim, x.ndim) if x.ndim else ()
+
+
+@RULES.register("aten.argmin.default")
+def argmin(ctx, x, dim=None, keepdim=False):
+    # jnp.argmin returns the first minimum and treats NaN as the minimum, like torch
     dtype = out_dtype(ctx)
-    dims = dim_list(dim, x.ndim)
+    if x.ndim == 0:
+        return jnp.zeros((), dtype)
+    if dim is None:  # index into the flattened tensor; keepdim keeps every dim as 1
+        index = jnp.argmin(x.reshape(-1)).astype(dtype)
+        return index.reshape((1,) * x.ndim) if keepdim else index
+    return jnp.argmin(x, axis=norm_dim(dim, x.ndim), keepdims=keepdim).astype(dtype)
+
+
+@RULES.register("aten.min.dim")
+def min_dim(ctx, x, dim, keepdim=False):
+    if x.ndim == 0:
+        return x, jnp.zeros((), out_dtype(ctx, 1))
+    d = norm_dim(dim, x.ndim)
+    index = jnp.argmin(x, axis=d, keepdims=keepdim).astype(out_dtype(ctx, 1))
+    return jnp.min(x, axis=d, keepdims=keepdim), index
+
+
+@RULES.register("aten.max.default")
+def max_all(ctx, x):
+    return jnp.max(x)
+
+
+@RULES.register("aten.min.default")
+def min_all(ctx, x):
+    return jnp.min(x)
+
+
+def _any(ctx, x, dims, keepdim):
+    # nonzero is true (NaN included); the result is bool, or uint8 for a uint8 input
+    return jnp.any(x != 0, axis=dims, keepdims=keepdim).astype(out_dtype(ctx))
+
+
+@RULES.register("aten.any.default")
+def any_all(ctx, x):
+    return _any(ctx, x, None, False)
+
+
+@RULES.register("aten.any.dim")
+def any_dim(ctx, x, dim, keepdim=False):
+    return _any(ctx, x, _axes(dim, x), keepdim)
+
+
+@RULES.register("aten.any.dims")
+def any_dims(ctx, x, dim=None, keepdim=False):
+    # unlike sum's, an empty dim list reduces no dim (dim=None reduces every dim)
+    dims = () if isinstance(dim, (list, tuple)) and not dim else _axes(dim, x)
+    return _any(ctx, x, dims, keepdim)
+
+
+def _prod(ctx, x, dims, keepdim):
+    # bool and int inputs multiply in int64 (the recorded result dtype). Torch's CPU kernel
+    # multiplies float16/bfloat16 in their own precision, one rounding per factor, in index order
+    # (while the reduced run is short enough for its scalar loop): the chain below does the same.
+    out = out_dtype(ctx)
+    if opmath(out) == out:
+        return jnp.prod(x.astype(out), axis=dims, keepdims=keepdim)
+    rest = [d for d in range(x.ndim) if d not in dims]
+    rows = jnp.transpose(x.astype(out), (*dims, *rest)).reshape(-1, *(x.shape[d] for d in rest))
+
+    def times(i, acc):
+        return (acc.astype(opmath(out)) * rows[i].astype(opmath(out))).astype(out)
+
+    result = jax.lax.fori_loop(0, rows.shape[0], times, jnp.ones(rows.shape[1:], out))
+    if keepdim:
+        result = jnp.expand_dims(result, dims)
+    return result
+
+
+@RULES.register("aten.prod.default")
+def prod_all(ctx, x, *, dtype=None):
+    return _prod(ctx, x, tuple(range(x.ndim)), False)
+
+
+@RULES.register("aten.prod.dim_int")
+def prod_dim(ctx, x, dim, keepdim=False, *, dtype=None):
+    return _prod(ctx, x, _axes(dim, x), keepdim)
+
+
+def _moments(x, dims, correction, keepdim, dtype):
+    # (sum((x - mean)^2) / max(0, n - correction), mean); correction defaults to 1 (Bessel)
     xf = x.astype(opmath(dtype))
-    n = 1
-    for d in dims:
-        n *= x.shape[d]
+    n = math.prod(x.shape[d] for d in dims)
     mean = jnp.sum(xf, axis=dims, keepdims=True) / n
     sq = jnp.sum(jnp.square(xf - mean), axis=dims, keepdims=keepdim)
     divisor = max(0, n - (1 if correction is None else correction))
-    return (sq / jnp.asarray(divisor, sq.dtype)).astype(dtype)
+    var = (sq / jnp.asarray(divisor, sq.dtype)).astype(dtype)
+    return var, (mean if keepdim else jnp.squeeze(mean, dims)).astype(dtype)
+
+
+@RULES.register("aten.var.correction")
+def var(ctx, x, dim=None, *, correction=None, keepdim=False):
+    return _moments(x, _axes(dim, x), correction, keepdim, out_dtype(ctx))[0]
+
+
+@RULES.register("aten.var_mean.correction")
+def var_mean(ctx, x, dim=None, *, correction=None, keepdim=False):
+    return _moments(x, _axes(dim, x), correction, keepdim, out_dtype(ctx))
+
+
+@RULES.register("aten.linalg_vector_norm.default")
+def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa: A002 (torch's)
+    # ||x||_p = sum(|x|^p)^(1/p); p = inf / -inf: max / min |x|; p = 0: the count of nonzeros.
+    # `dtype` casts x first (the recorded result dtype); half types compute in float32
+    out = out_dtype(ctx)
+    xf = x.astype(out).astype(opmath(out))
+    dims = _axes(dim, x)
+    reduce = functools.partial(jnp.sum, axis=dims, keepdims=keepdim)
+    p = float(ord)
+    if p == math.inf:
+        result = jnp.max(jnp.abs(xf), axis=dims, keepdims=keepdim)
+    elif p == -math.inf:
+        result = jnp.min(jnp.abs(xf), axis=dims, keepdims=keepdim)
+    elif p == 0:
+        result = reduce((xf != 0).astype(xf.dtype))
+    elif p == 1:
+        result = reduce(jnp.abs(xf))
+    elif p == 2:
+        result = jnp.sqrt(reduce(xf * xf))
+    else:
+        result = reduce(jnp.abs(xf) ** p) ** (1 / p)
+    return result.astype(out)
 
 
 @RULES.register("aten.topk.default")

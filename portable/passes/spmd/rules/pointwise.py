@@ -124,7 +124,6 @@ ELEMENTWISE = ops_with(_ELEMENTWISE_TRAIT, IDENTITY, CAST) | {
     aten.addcdiv.default,
     aten.lerp.Tensor,
     aten.masked_fill.Scalar,
-    aten.sign.default,
 }
 """Broadcasting elementwise ops: each output element is a function of the inputs' elements at
 the same (broadcast) position, so any dim may be split (`pointwise`, and `localize.py`)."""

@@ -214,3 +214,12 @@ def _with_nans() -> torch.Tensor:
 def test_nan_propagates_through_max_and_min_as_in_torch(fn):
     # ORT's ArgMax / ReduceMax skip NaN; torch returns it (and its first index)
     _parity(fn, _with_nans())
+
+
+@pytest.mark.parametrize("fn", [torch.asin, torch.erf, torch.nn.functional.leaky_relu])
+def test_float64_kernels_ort_lacks_are_refused_before_lowering(fn):
+    x = torch.rand(4, dtype=torch.float64) - 0.5
+    program = portable.capture(_Fn(fn), (x,))
+    with pytest.raises(portable.errors.LoweringError, match="float64") as info:
+        portable.compile(program, backend="onnx")
+    assert "cpu" in str(info.value)  # names the backends that take it

@@ -44,6 +44,29 @@ _COLLECTIVES = frozenset(
 )
 
 
+# ONNX Runtime's CPU provider has no float64 kernel for these ONNX ops (Asin, ..., Erf,
+# LeakyRelu): the session would fail at run time, so check_program refuses them first
+_NO_FLOAT64 = "ONNX Runtime's CPU provider has no float64 kernel for it"
+_DTYPE_GAPS = {
+    f"aten.{name}": {"float64": _NO_FLOAT64}
+    for name in (
+        "asin.default",
+        "acos.default",
+        "atan.default",
+        "atan2.default",
+        "sinh.default",
+        "cosh.default",
+        "tan.default",
+        "asinh.default",
+        "acosh.default",
+        "atanh.default",
+        "erf.default",
+        "erfinv.default",
+        "leaky_relu.default",
+    )
+}
+
+
 class OnnxBackend(Backend):
     name = "onnx"
 
@@ -57,6 +80,7 @@ class OnnxBackend(Backend):
         )
         return Capabilities(
             ops=ops,
+            dtype_gaps=_DTYPE_GAPS,
             program_kinds=frozenset({ProgramKind.INFERENCE}),
             requires=("onnx", "onnxruntime", "onnxscript"),
         )

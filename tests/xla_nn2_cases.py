@@ -1,5 +1,5 @@
 """The `xla` rule table's cases, part 5: group norm, interpolation, adaptive max and 3-d pooling,
-diagonal and repeat (rules/nn.py, rules/shape.py). Builders and `Case` are in tests/xla_cases.py."""
+diagonal and repeat (rules/nn.py, rules/resample.py, rules/shape.py). Builders and `Case` are in tests/xla_cases.py."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """Where torch's CPU kernels read for interpolation and pooling, as static numpy arrays.
 
-Pure numpy, no JAX or ONNX: the xla rules (backends/xla/rules/nn.py) and the onnx translations
+Pure numpy, no JAX or ONNX: the xla rules (backends/xla/rules/resample.py) and the onnx translations
 (backends/onnx/translations/resize.py) gather with these indices and weigh with these weights,
 so both backends read the pixels eager PyTorch reads. Shapes are static; every function is of
 sizes and literal arguments only.

@@ -95,7 +95,7 @@ def _out_size(x: Any, output_size, scales) -> tuple[int, int]:
 
 
 def _bilinear(x, out_hw, align_corners: bool, scales):
-    # the xla rule's arithmetic (rules/nn.py `_bilinear`): four corners weighed as torch's
+    # the xla rule's arithmetic (rules/resample.py `_bilinear`): four corners weighed as torch's
     # vectorized kernel weighs them, or rows then columns with weights stored in x's dtype
     dtype = _NAMES[_kind(x)]
     acc, compute = sampling.index_type(dtype), _compute_type(x)
@@ -263,7 +263,7 @@ def _round(value, x):
 
 
 def adaptive_avg_pool3d(self, output_size):
-    # the xla rule's arithmetic (rules/nn.py `adaptive_avg_pool3d`): each window summed in
+    # the xla rule's arithmetic (rules/resample.py `adaptive_avg_pool3d`): each window summed in
     # (d, h, w) order, in the input's type for half types, then / kd / kh / kw
     axes = _adaptive_axes(self, output_size)
     compute = _compute_type(self)

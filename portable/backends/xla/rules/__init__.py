@@ -36,6 +36,7 @@ _MODULES = (
     "shape",
     "creation",
     "nn",
+    "resample",
     "losses",
     "portable_ops",
     "attention",

@@ -225,7 +225,7 @@ GENERIC: frozenset[str] = frozenset(
         "aten.sort.stable",
         "aten.cumprod.default",
         "aten.scatter_reduce.two",
-        # group norm, interpolation, pooling, diagonal, repeat (rules/nn.py, rules/shape.py)
+        # group norm, interpolation, pooling, diagonal, repeat (rules/nn.py, rules/resample.py, rules/shape.py)
         "aten.native_group_norm.default",
         "aten.upsample_bilinear2d.vec",
         "aten.upsample_nearest2d.vec",

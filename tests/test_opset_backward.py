@@ -27,6 +27,8 @@ pytest.importorskip("jax")
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from test_xla_rules import CASES  # noqa: E402
 
+from tests.support.opinfo import cotangent_loss  # noqa: E402
+
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
 # differentiable ops whose backward needs an op the opset lacks: their training step is refused
 # with a typed error (checked), until the op is added
@@ -127,16 +129,7 @@ def test_the_training_step_of_each_differentiable_op_captures_and_matches_eager(
     inputs = list(module.inputs)
     out = module(*inputs)
     floats = [o.grad_fn is not None for o in out]
-    generator = torch.Generator().manual_seed(0)
-    cotangents = [
-        torch.randn(o.shape, generator=generator) if f else None
-        for o, f in zip(out, floats, strict=True)
-    ]
-
-    def loss_fn(model: torch.nn.Module, *batch: torch.Tensor) -> torch.Tensor:
-        outs = model(*batch)
-        terms = [(o * c).sum() for o, c in zip(outs, cotangents, strict=True) if c is not None]
-        return torch.stack(terms).sum()
+    loss_fn = cotangent_loss(out, floats)
 
     if name in _BACKWARD_GAPS:
         with pytest.raises(portable.PortableError, match="not in the portable opset"):

@@ -308,6 +308,24 @@ def _mismatch(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> str:
     return "; ".join(parts)[:300]
 
 
+def cotangent_loss(out: Sequence[torch.Tensor], floats: Sequence[bool]) -> Any:
+    """The loss `loss_fn(model, *batch)` of a one-op training step: the sum of each result that
+    carries a gradient (`floats`) times a fixed random cotangent of its shape (seed 0), so every
+    element's gradient is exercised and the step is the same in eager and in the program."""
+    generator = torch.Generator().manual_seed(0)
+    cotangents = [
+        torch.randn(o.shape, generator=generator) if f else None
+        for o, f in zip(out, floats, strict=True)
+    ]
+
+    def loss_fn(model: torch.nn.Module, *batch: torch.Tensor) -> torch.Tensor:
+        outs = model(*batch)
+        terms = [(o * c).sum() for o, c in zip(outs, cotangents, strict=True) if c is not None]
+        return torch.stack(terms).sum()
+
+    return loss_fn
+
+
 def _train(info: Any, sample: Any, case: Case, backends: Sequence[str]) -> None:
     tensors: list[torch.Tensor] = []
     _template(((sample.input, *sample.args), dict(sample.kwargs)), tensors)
@@ -322,17 +340,7 @@ def _train(info: Any, sample: Any, case: Case, backends: Sequence[str]) -> None:
     floats = [o.is_floating_point() and o.requires_grad for o in out]
     if not any(floats):
         return
-    generator = torch.Generator().manual_seed(0)
-    cotangents = [
-        torch.randn(o.shape, generator=generator) if f else None
-        for o, f in zip(out, floats, strict=True)
-    ]
-
-    def loss_fn(model: torch.nn.Module, *batch: torch.Tensor) -> torch.Tensor:
-        outs = model(*batch)
-        terms = [(o * c).sum() for o, c in zip(outs, cotangents, strict=True) if c is not None]
-        return torch.stack(terms).sum()
-
+    loss_fn = cotangent_loss(out, floats)
     try:
         with _quiet():
             program = portable.capture(

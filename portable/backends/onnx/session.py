@@ -43,11 +43,10 @@ def session_function(
             str(exported.path), sess_options=options, providers=["CPUExecutionProvider"]
         )
     except Exception as error:  # onnxruntime's pybind errors share no base class
-        raise BackendError(
-            f"ONNX Runtime (CPU) cannot run the model of {program.name}: "
-            f"{str(error).strip().splitlines()[0]}",
-            fix="a kernel ORT's CPU provider lacks (often a bfloat16 one): run the program on "
-            "`cpu` or `xla`, or cast it to float32 before capture",
+        raise _ort_error(
+            f"cannot run the model of {program.name}",
+            error,
+            "a kernel ORT's CPU provider lacks: run the program on `cpu` or `xla`",
         ) from error
     # the model takes the user inputs in the signature's order; by position, not by name: an
     # input the program returns as is may carry the output's name in the model
@@ -65,15 +64,24 @@ def session_function(
         try:
             outputs = session.run_with_ort_values(None, feeds)
         except Exception as error:  # onnxruntime's pybind errors share no base class
-            raise BackendError(
-                f"ONNX Runtime (CPU) failed running the model of {program.name}: "
-                f"{str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__}",
-                fix="a kernel ORT's CPU provider lacks for these dtypes, found only at run time: "
+            raise _ort_error(
+                f"failed running the model of {program.name}",
+                error,
+                "a kernel ORT's CPU provider lacks for these dtypes, found only at run time: "
                 "run the program on `cpu` or `xla`",
             ) from error
         return [_to_torch(o) for o in outputs]
 
     return run
+
+
+def _ort_error(what: str, error: BaseException, fix: str) -> BackendError:
+    """ONNX Runtime's error as a BackendError: `what` went wrong, with ORT's first line."""
+    text = str(error).strip()
+    return BackendError(
+        f"ONNX Runtime (CPU) {what}: {text.splitlines()[0] if text else type(error).__name__}",
+        fix=fix,
+    )
 
 
 def _to_ort(ort: ModuleType, value: torch.Tensor) -> OrtValue:

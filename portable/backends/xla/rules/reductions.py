@@ -61,32 +61,24 @@ def max_dim(ctx, x, dim, keepdim=False):
     return jnp.max(x, axis=d, keepdims=keepdim), index
 
 
-@RULES.register("aten.argmax.default")
-def argmax(ctx, x, dim=None, keepdim=False):
-    dtype = out_dtype(ctx)
-    if x.ndim == 0:
-        return jnp.zeros((), dtype)
-    if dim is None:  # index into the flattened tensor; keepdim keeps every dim as 1
-        index = jnp.argmax(x.reshape(-1)).astype(dtype)
-        return index.reshape((1,) * x.ndim) if keepdim else index
-    return jnp.argmax(x, axis=norm_dim(dim, x.ndim), keepdims=keepdim).astype(dtype)
+def _arg_extreme(find):
+    """argmax / argmin: the first extreme's index (jnp's, like torch's, take NaN as the
+    extreme); with dim None an index into the flattened tensor, keepdim keeping every dim."""
+
+    def rule(ctx, x, dim=None, keepdim=False):
+        dtype = out_dtype(ctx)
+        if x.ndim == 0:
+            return jnp.zeros((), dtype)
+        if dim is None:
+            index = find(x.reshape(-1)).astype(dtype)
+            return index.reshape((1,) * x.ndim) if keepdim else index
+        return find(x, axis=norm_dim(dim, x.ndim), keepdims=keepdim).astype(dtype)
+
+    return rule
 
 
-def _axes(dim: int | list[int] | None, x: jax.Array) -> tuple[int, ...]:
-    """dim_list, with no axis for a 0-d tensor (which torch reduces over dim 0 or -1 as is)."""
-    return dim_list(dim, x.ndim) if x.ndim else ()
-
-
-@RULES.register("aten.argmin.default")
-def argmin(ctx, x, dim=None, keepdim=False):
-    # jnp.argmin returns the first minimum and treats NaN as the minimum, like torch
-    dtype = out_dtype(ctx)
-    if x.ndim == 0:
-        return jnp.zeros((), dtype)
-    if dim is None:  # index into the flattened tensor; keepdim keeps every dim as 1
-        index = jnp.argmin(x.reshape(-1)).astype(dtype)
-        return index.reshape((1,) * x.ndim) if keepdim else index
-    return jnp.argmin(x, axis=norm_dim(dim, x.ndim), keepdims=keepdim).astype(dtype)
+RULES.register("aten.argmax.default")(_arg_extreme(jnp.argmax))
+RULES.register("aten.argmin.default")(_arg_extreme(jnp.argmin))
 
 
 @RULES.register("aten.min.dim")
@@ -120,13 +112,13 @@ def any_all(ctx, x):
 
 @RULES.register("aten.any.dim")
 def any_dim(ctx, x, dim, keepdim=False):
-    return _any(ctx, x, _axes(dim, x), keepdim)
+    return _any(ctx, x, dim_list(dim, x.ndim), keepdim)
 
 
 @RULES.register("aten.any.dims")
 def any_dims(ctx, x, dim=None, keepdim=False):
     # unlike sum's, an empty dim list reduces no dim (dim=None reduces every dim)
-    dims = () if isinstance(dim, (list, tuple)) and not dim else _axes(dim, x)
+    dims = () if isinstance(dim, (list, tuple)) and not dim else dim_list(dim, x.ndim)
     return _any(ctx, x, dims, keepdim)
 
 
@@ -156,7 +148,7 @@ def prod_all(ctx, x, *, dtype=None):
 
 @RULES.register("aten.prod.dim_int")
 def prod_dim(ctx, x, dim, keepdim=False, *, dtype=None):
-    return _prod(ctx, x, _axes(dim, x), keepdim)
+    return _prod(ctx, x, dim_list(dim, x.ndim), keepdim)
 
 
 def _moments(x, dims, correction, keepdim, dtype):
@@ -172,12 +164,12 @@ def _moments(x, dims, correction, keepdim, dtype):
 
 @RULES.register("aten.var.correction")
 def var(ctx, x, dim=None, *, correction=None, keepdim=False):
-    return _moments(x, _axes(dim, x), correction, keepdim, out_dtype(ctx))[0]
+    return _moments(x, dim_list(dim, x.ndim), correction, keepdim, out_dtype(ctx))[0]
 
 
 @RULES.register("aten.var_mean.correction")
 def var_mean(ctx, x, dim=None, *, correction=None, keepdim=False):
-    return _moments(x, _axes(dim, x), correction, keepdim, out_dtype(ctx))
+    return _moments(x, dim_list(dim, x.ndim), correction, keepdim, out_dtype(ctx))
 
 
 @RULES.register("aten.linalg_vector_norm.default")
@@ -186,7 +178,7 @@ def vector_norm(ctx, x, ord=2, dim=None, keepdim=False, *, dtype=None):  # noqa:
     # `dtype` casts x first (the recorded result dtype); half types compute in float32
     out = out_dtype(ctx)
     xf = x.astype(out).astype(opmath(out))
-    dims = _axes(dim, x)
+    dims = dim_list(dim, x.ndim)
     reduce = functools.partial(jnp.sum, axis=dims, keepdims=keepdim)
     p = float(ord)
     if p == math.inf:

@@ -72,7 +72,7 @@ def test_a_parsed_program_runs_as_the_captured_one() -> None:
 
 def test_weights_are_zeros_unless_given_and_metadata_merges() -> None:
     parsed = parse_program(_captured("mlp", "training").text(), metadata={"note": "x"})
-    assert parsed.metadata == {"name": "MLP.train_step", "opset_version": "1.3", "note": "x"}
+    assert parsed.metadata == {"name": "MLP.train_step", "opset_version": "1.4", "note": "x"}
     weight = parsed.weights["fc1.weight"]
     assert weight.shape == (64, 32) and not weight.any()
     updated = parsed.signature.outputs[1]

@@ -43,7 +43,7 @@ from .entry import (  # noqa: F401 (re-exported: passes import trait names from 
 from .entry import entry as _e
 from .families import FAMILIES
 
-OPSET_VERSION = "1.3"
+OPSET_VERSION = "1.4"
 
 _ATEN: tuple[OpDef, ...] = (
     # elementwise arithmetic

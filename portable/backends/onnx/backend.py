@@ -22,6 +22,7 @@ from portable.opset import bind, lookup, op_name, opset_table
 from portable.runtime import Executable
 
 from ..base import Backend, Capabilities, Lowered, Target, Written
+from .unsupported import UNSUPPORTED
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +76,7 @@ class OnnxBackend(Backend):
             name
             for name in opset_table()
             if name not in _TRAINING_ONLY
+            and name not in UNSUPPORTED
             and not name.endswith("_backward.default")
             and not name.endswith("_backward_data.default")
         )

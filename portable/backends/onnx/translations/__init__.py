@@ -14,12 +14,15 @@ from collections.abc import Callable
 from typing import Any
 
 from .dtypes import TRANSLATIONS as DTYPE_TRANSLATIONS
+from .linalg import TRANSLATIONS as LINALG_TRANSLATIONS
 from .math import TRANSLATIONS as MATH_TRANSLATIONS
 from .mx import TRANSLATIONS as MX_TRANSLATIONS
 from .nn import TRANSLATIONS as NN_TRANSLATIONS
 from .reductions import TRANSLATIONS as REDUCTION_TRANSLATIONS
 from .resize import TRANSLATIONS as RESIZE_TRANSLATIONS
 from .selection import TRANSLATIONS as SELECTION_TRANSLATIONS
+from .spatial import TRANSLATIONS as SPATIAL_TRANSLATIONS
+from .special import TRANSLATIONS as SPECIAL_TRANSLATIONS
 
 __all__ = ["translation_table"]
 
@@ -33,6 +36,9 @@ def translation_table() -> dict[Callable[..., Any], Callable[..., Any]]:
         MATH_TRANSLATIONS,
         SELECTION_TRANSLATIONS,
         RESIZE_TRANSLATIONS,
+        SPECIAL_TRANSLATIONS,
+        SPATIAL_TRANSLATIONS,
+        LINALG_TRANSLATIONS,
         DTYPE_TRANSLATIONS,
     )
     return {op: rule for table in tables for op, rule in table.items()}

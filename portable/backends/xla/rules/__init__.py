@@ -42,6 +42,10 @@ _MODULES = (
     "attention",
     "mx",
     "symbolic",
+    "special",
+    "selection",
+    "spatial",
+    "linalg",
     "neuron_overrides",
 )
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["GENERIC", "ONLY", "names"]
 
-GENERIC: frozenset[str] = frozenset(
+_CORE: frozenset[str] = frozenset(
     {
         "aten._adaptive_avg_pool2d.default",
         "aten._adaptive_avg_pool2d_backward.default",
@@ -244,8 +244,16 @@ GENERIC: frozenset[str] = frozenset(
     }
 )
 
+# later families (portable/opset/families/), one set each, with their rule modules
+SPECIAL: frozenset[str] = frozenset()  # rules/special.py
+SELECTION: frozenset[str] = frozenset()  # rules/selection.py
+SPATIAL: frozenset[str] = frozenset()  # rules/spatial.py
+LINALG: frozenset[str] = frozenset()  # rules/linalg.py, xla only: neuronx-cc has no factorizations
+
+GENERIC: frozenset[str] = _CORE | SPECIAL | SELECTION | SPATIAL
+
 ONLY: dict[str, frozenset[str]] = {
-    "xla": frozenset(),
+    "xla": LINALG,
     "neuron": frozenset(),
 }
 

@@ -1,0 +1,6 @@
+"""The `xla` rule table's cases for the opset family `linalg` (rules/linalg.py). Builders and
+`Case` are in tests/xla_cases.py."""
+
+from __future__ import annotations
+
+_LINALG: list = []

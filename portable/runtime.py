@@ -5,7 +5,8 @@ outputs in signature order). The executable owns what is common: checking user i
 signature, holding the program state (weights, optimizer state), threading updated state from one
 training step to the next, and shaping results.
 
-- inference: `exe(*inputs)` returns the output tensor, or a tuple when there are several.
+- inference: `exe(*inputs)` returns the output tensor, or a tuple when there are several; an
+  input the model writes into (an `updated_input` output) gets its new value copied in.
 - training step: `exe(*batch)` performs one step and returns `StepResult(loss, state)`; the
   executable keeps the new state for the next call (`exe.state`).
 """
@@ -62,8 +63,19 @@ class Executable:
         if self.kind is ProgramKind.TRAINING_STEP:
             return self._step(outputs)
         sig = self.program.signature
+        self._write_back(inputs, outputs)
         user = [v for s, v in zip(sig.outputs, outputs, strict=True) if s.kind is OutputKind.OUTPUT]
         return user[0] if len(user) == 1 else tuple(user)
+
+    def _write_back(self, inputs: Sequence[torch.Tensor], outputs: Sequence[torch.Tensor]) -> None:
+        """Copy each `updated_input` output into the caller's tensor, as the model's in-place
+        write does in eager (e.g. F.batch_norm updating running statistics it was passed)."""
+        sig = self.program.signature
+        position = {spec.name: i for i, spec in enumerate(sig.user_inputs)}
+        with torch.no_grad():
+            for spec, value in zip(sig.outputs, outputs, strict=True):
+                if spec.kind is OutputKind.UPDATED_INPUT:
+                    inputs[position[spec.aliases]].copy_(value)
 
     def _step(self, outputs: Sequence[torch.Tensor]) -> StepResult:
         """Keep the updated state for the next call; the result has the LOSS output."""

@@ -126,6 +126,7 @@ def to_program(
             )
         outputs.append(_output_spec(arg, spec, strip(spec.target), by_target, user_names))
     _refuse_caches(outputs)
+    _refuse_input_writes_in_training(kind, outputs)
     metadata = {"name": name, "opset_version": OPSET_VERSION, "capture": options or {}}
     symbols = symbolic_dims(ep, inputs)
     if symbols:
@@ -189,11 +190,22 @@ def _output_spec(
     if spec.kind == EOutputKind.GRADIENT_TO_PARAMETER:
         return OutputSpec(f"{target}.grad", OutputKind.GRADIENT, meta, target)
     if spec.kind == EOutputKind.USER_INPUT_MUTATION:
-        raise CaptureError(
-            f"the model mutates its input {spec.target!r} in place",
-            fix="compute a new tensor instead of writing into an input (x = x + 1, not x += 1)",
-        )
+        # the new value is an output; the executable writes it into the caller's tensor
+        assert target is not None, "torch.export names the input a mutation updates"
+        return OutputSpec(f"{target}.updated", OutputKind.UPDATED_INPUT, meta, aliases=target)
     raise CaptureError(f"unsupported output kind {spec.kind.name}", fix="return tensors only")
+
+
+def _refuse_input_writes_in_training(kind: ProgramKind, outputs: list[OutputSpec]) -> None:
+    """An inference program may write into its inputs (the executable copies the new values
+    back, as eager does); a training step's batch is read-only."""
+    written = [o.aliases for o in outputs if o.kind is OutputKind.UPDATED_INPUT]
+    if kind is ProgramKind.TRAINING_STEP and written:
+        raise CaptureError(
+            f"the training step mutates its input {written[0]!r} in place",
+            fix="compute a new tensor instead of writing into an input (x = x + 1, not x += 1), "
+            "or keep running statistics in buffers (nn.BatchNorm*), which the step updates",
+        )
 
 
 def _refuse_caches(outputs: list[OutputSpec]) -> None:

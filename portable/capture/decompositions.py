@@ -23,8 +23,30 @@ def _copy(self: torch.Tensor, src: torch.Tensor, non_blocking: bool = False) -> 
     return aten.clone.default(aten.expand.default(value, list(self.shape)))
 
 
+def _batch_norm_with_update(
+    x: torch.Tensor,
+    weight: torch.Tensor | None,
+    bias: torch.Tensor | None,
+    running_mean: torch.Tensor,
+    running_var: torch.Tensor,
+    momentum: float,
+    eps: float,
+) -> tuple[torch.Tensor, ...]:
+    # _batch_norm_with_update_functional (what `F.batch_norm(training=True)` on running stats
+    # it is passed functionalizes to) is the legit kernel in training mode, the same CPU kernel
+    # (bit-identical), plus cuDNN's reserve space, which is empty on CPU
+    out, mean, rstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
+        x, weight, bias, running_mean, running_var, True, momentum, eps
+    )
+    reserve = aten.empty.memory_format([0], dtype=torch.uint8, device=x.device)
+    return out, mean, rstd, reserve, new_mean, new_var
+
+
 # ops core ATen keeps whole that the opset spells with other ops
-_EXTRA = {aten.copy.default: _copy}
+_EXTRA = {
+    aten.copy.default: _copy,
+    aten._batch_norm_with_update_functional.default: _batch_norm_with_update,
+}
 
 
 def decompositions(python_only: bool) -> dict[torch._ops.OperatorBase, Callable[..., Any]]:

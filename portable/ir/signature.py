@@ -45,6 +45,7 @@ class OutputKind(enum.StrEnum):
     GRADIENT = "gradient"
     UPDATED_PARAMETER = "updated_parameter"
     UPDATED_STATE = "updated_state"
+    UPDATED_INPUT = "updated_input"  # a user input's new value (the model writes into it)
 
 
 STATE_INPUTS = (
@@ -150,6 +151,11 @@ class OutputSpec:
             raise SignatureError(
                 f"{self.kind.value} output {self.name!r} has no target",
                 fix="build every gradient and updated value with target= its weight's key",
+            )
+        if self.kind is OutputKind.UPDATED_INPUT and not isinstance(self.aliases, str):
+            raise SignatureError(
+                f"updated_input output {self.name!r} names no input",
+                fix="build it with aliases= the user input's placeholder",
             )
 
     @property

@@ -1,7 +1,8 @@
 """Running a program for a parity check: the quantities compared, and the reference's allowance.
 
-Quantities are named `output <name>` (inference), `loss step <i>` and `state <key>` (training
-steps: the state after the last step, parameters and optimizer state). `reference_run` also
+Quantities are named `output <name>` and `input <name>` (inference; the latter for the inputs a
+program writes into), `loss step <i>` and `state <key>` (training steps: the state after the last
+step, parameters and optimizer state). `reference_run` also
 measures the rounding allowance of every quantity (`tolerance.py`): the reference runs a second
 time from rounding-perturbed inputs, step for step beside the first run.
 """
@@ -47,7 +48,8 @@ def backend_run(
     state = dict(exe.state if state is None else state)
     if exe.kind is ProgramKind.INFERENCE:
         exe.state = state
-        return _outputs(exe.program, exe(*inputs))
+        inputs = [x.clone() for x in inputs]  # a program may write into its inputs
+        return {**_outputs(exe.program, exe(*inputs)), **_written(exe.program, inputs)}
     run = _Trajectory(state)
     for _ in range(steps):
         run.step(exe, inputs)
@@ -120,6 +122,13 @@ def _outputs(
     outs = result if isinstance(result, tuple) else (result,)
     names = [o.name for o in program.signature.outputs if o.kind is OutputKind.OUTPUT]
     return {f"output {n}": t for n, t in zip(names, outs, strict=True)}
+
+
+def _written(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, torch.Tensor]:
+    """`input <name>` after the run, for each user input the program writes into."""
+    sig = program.signature
+    written = {o.aliases for o in sig.outputs if o.kind is OutputKind.UPDATED_INPUT}
+    return {f"input {i.name}": x for i, x in zip(sig.user_inputs, inputs) if i.name in written}
 
 
 def _trained(program: Program) -> list[str]:

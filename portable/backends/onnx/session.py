@@ -70,7 +70,10 @@ def session_function(
                 "a kernel ORT's CPU provider lacks for these dtypes, found only at run time: "
                 "run the program on `cpu` or `xla`",
             ) from error
-        return [_to_torch(o) for o in outputs]
+        # an output that is one of its inputs (identity programs) is ORT's view of the feed's
+        # memory, which the caller's tensor owns: copied, so it outlives that tensor
+        fed = {value.data_ptr() for value in feeds.values()}
+        return [_to_torch(o).clone() if o.data_ptr() in fed else _to_torch(o) for o in outputs]
 
     return run
 

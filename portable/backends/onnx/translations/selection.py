@@ -281,10 +281,11 @@ def var_mean(x, dim=None, correction=None, keepdim: bool = False):
         d = op.Sub(x, x)
         return op.Div(op.Mul(d, d), _like(max(0.0, 1.0 - c), x)), op.Identity(x)
     axes = _axes(dim, rank)
-    mean = op.ReduceMean(x, _ints(axes), keepdims=1)
+    n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(x), _ints(axes), axis=0), keepdims=0), x)
+    # sum / n, not ReduceMean: ONNX Runtime's mean of no elements is not torch's NaN (0 / 0)
+    mean = op.Div(op.ReduceSum(x, _ints(axes), keepdims=1), n)
     d = op.Sub(x, mean)
     sq = op.ReduceSum(op.Mul(d, d), _ints(axes), keepdims=int(keepdim))
-    n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(x), _ints(axes), axis=0), keepdims=0), x)
     divisor = op.Max(op.Sub(n, _like(c, x)), _like(0.0, x))
     return op.Div(sq, divisor), (mean if keepdim else op.Squeeze(mean, _ints(axes)))
 

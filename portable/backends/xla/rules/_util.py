@@ -63,6 +63,16 @@ def opmath(dtype):
     return jnp.float32 if jnp.dtype(dtype) in _HALF else dtype
 
 
+def rounded(x, dtype):
+    """`x` (opmath) rounded to `dtype`'s precision and kept in x's dtype: where torch's kernel
+    stores an intermediate in a half type. A convert pair would not do: XLA drops the
+    intermediate rounding of f32 -> bf16 -> f32 (excess precision); `reduce_precision` stays."""
+    if jnp.dtype(dtype) not in _HALF:
+        return x
+    info = jnp.finfo(dtype)
+    return jax.lax.reduce_precision(x, exponent_bits=info.nexp, mantissa_bits=info.nmant)
+
+
 def dim_list(dims: int | Sequence[int] | None, rank: int) -> tuple[int, ...]:
     """Normalize torch's dim argument (int, list, or None / [] = all) to non-negative ints. A
     0-d tensor accepts dims 0 and -1 and has nothing to reduce over: ()."""
@@ -87,9 +97,11 @@ def reduce_sum(x: jax.Array, dims: tuple[int, ...], keepdim: bool, dtype: DTypeL
 
 
 def reduce_mean(x: jax.Array, dims: tuple[int, ...], keepdim: bool, dtype: DTypeLike) -> jax.Array:
-    """torch.mean on CPU: sum(x) / n, the sum rounded to `dtype` before the division."""
+    """torch.mean on CPU: sum(x) / n in opmath (float32 for half types), rounded to `dtype` once
+    (the sum is not rounded before the division: measured against torch's kernel)."""
     n = math.prod(x.shape[d] for d in dims)
-    return reduce_sum(x, dims, keepdim, dtype) / jnp.asarray(n, dtype)
+    acc = opmath(dtype)
+    return (reduce_sum(x, dims, keepdim, acc) / jnp.asarray(n, acc)).astype(dtype)
 
 
 def matmul(x, y, dtype):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import RULES
-from ._util import PRECISION, matmul, opmath, out_dtype, out_shape, pair, reduce_sum
+from ._util import PRECISION, matmul, opmath, out_dtype, out_shape, pair, reduce_sum, rounded
 
 # --------------------------------------------------------------------------- matmul
 
@@ -346,17 +346,27 @@ def batch_norm_functional(ctx, x, weight, bias, running_mean, running_var, train
         )
         return (y, *_empty_stats(ctx, 1, 2), running_mean, running_var)
     mean, var_sum, n = _batch_stats(x)
-    invstd = 1 / jnp.sqrt(var_sum / n + eps)
+    # torch's kernel (bfloat16 with bfloat16 weights: bit for bit) stores the batch mean and
+    # sum of squared deviations in the parameters' dtype, and invstd comes from the stored sum
+    # divided by the count in that dtype; y = x * alpha + beta from the stored statistics
+    stats = out_dtype(ctx, 1)
+    mean = rounded(mean, stats)
+    biased = rounded(rounded(var_sum, stats) / n, stats)
+    invstd = rounded(1 / jnp.sqrt(biased + eps), out_dtype(ctx, 2))
     y = _bn_apply(x.astype(compute), mean, invstd, weight, bias)
     rm, rv = running_mean.astype(compute), running_var.astype(compute)
+    # the running variance blends the unbiased variance of the unrounded sum, in its own dtype
+    unbiased = rounded(var_sum / max(n - 1, 1), running_var.dtype)
     new_rm = momentum * mean + (1 - momentum) * rm
-    new_rv = momentum * (var_sum / max(n - 1, 1)) + (1 - momentum) * rv
+    new_rv = momentum * unbiased + (1 - momentum) * rv
     return (
         y.astype(out_dtype(ctx)),
-        mean.astype(out_dtype(ctx, 1)),
+        mean.astype(stats),
         invstd.astype(out_dtype(ctx, 2)),
-        new_rm.astype(running_mean.dtype),
-        new_rv.astype(running_var.dtype),
+        # the kernel writes its running stats' dtype, where torch's meta function may declare
+        # float32 (bfloat16 stats under instance_norm): rounded as the kernel, then cast
+        rounded(new_rm, running_mean.dtype).astype(out_dtype(ctx, 3)),
+        rounded(new_rv, running_var.dtype).astype(out_dtype(ctx, 4)),
     )
 
 

@@ -74,7 +74,7 @@ class Executable:
         position = {spec.name: i for i, spec in enumerate(sig.user_inputs)}
         with torch.no_grad():
             for spec, value in zip(sig.outputs, outputs, strict=True):
-                if spec.kind is OutputKind.UPDATED_INPUT:
+                if spec.kind is OutputKind.UPDATED_INPUT and spec.aliases is not None:
                     inputs[position[spec.aliases]].copy_(value)
 
     def _step(self, outputs: Sequence[torch.Tensor]) -> StepResult:

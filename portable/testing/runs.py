@@ -128,7 +128,8 @@ def _written(program: Program, inputs: Sequence[torch.Tensor]) -> dict[str, torc
     """`input <name>` after the run, for each user input the program writes into."""
     sig = program.signature
     written = {o.aliases for o in sig.outputs if o.kind is OutputKind.UPDATED_INPUT}
-    return {f"input {i.name}": x for i, x in zip(sig.user_inputs, inputs) if i.name in written}
+    pairs = zip(sig.user_inputs, inputs, strict=True)
+    return {f"input {i.name}": x for i, x in pairs if i.name in written}
 
 
 def _trained(program: Program) -> list[str]:

@@ -32,9 +32,7 @@ from tests.support.opinfo import cotangent_loss  # noqa: E402
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
 # differentiable ops whose backward needs an op the opset lacks: their training step is refused
 # with a typed error (checked), until the op is added
-_BACKWARD_GAPS = {
-    "aten.digamma.default": "its backward is polygamma(1, x) (trigamma)",
-}
+_BACKWARD_GAPS: dict[str, str] = {}
 # collectives exist only after spmd-partition, which partitions the captured training step
 # (backward included); no user code captures them, so they have no backward of their own
 _PASS_INSERTED = {

@@ -30,7 +30,7 @@ from ..torch_compat import quiet_internal_warnings
 from ..verify import verify
 from .build import annotate, to_program
 from .complex_pairs import lower_complex
-from .decompositions import decompositions
+from .decompositions import decompositions, without_error_checks
 from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file, without_partial_graph
 from .known_constructs import explain, refuse_known_ops
@@ -269,7 +269,8 @@ def _capture_inference(
     ep, tied = _untie(ep, "")
     _portable_ops(ep, "")
     try:
-        ep = ep.run_decompositions(decompositions(python_only=False))
+        with without_error_checks():
+            ep = ep.run_decompositions(decompositions(python_only=False))
     except Exception as exc:
         raise diagnose(exc, phase="decomposing to core ATen") from exc
     _normalize(ep.graph_module)
@@ -294,18 +295,19 @@ def _capture_training(
     ep, tied = _untie(ep, _WRAPPER_PREFIX)
     _portable_ops(ep, _WRAPPER_PREFIX)
     try:
-        # The forward alone, decomposed the same way: its nodes keep the user's source lines.
-        forward = ep.run_decompositions(decompositions(python_only=False)).graph_module
-        annotate(forward, _WRAPPER_PREFIX)
-        # The joint-graph path of torch.export (what torch.export.experimental's
-        # _export_forward_backward does), with core ATen decompositions.
-        ep = _decompose_exported_program(
-            ep,
-            cia_to_decomp={},
-            python_decomp_table=decompositions(python_only=True),
-            joint_loss_index=0,
-            decompose_custom_triton_ops=False,
-        )
+        with without_error_checks():
+            # The forward alone, decomposed the same way: its nodes keep the user's source lines.
+            forward = ep.run_decompositions(decompositions(python_only=False)).graph_module
+            annotate(forward, _WRAPPER_PREFIX)
+            # The joint-graph path of torch.export (what torch.export.experimental's
+            # _export_forward_backward does), with core ATen decompositions.
+            ep = _decompose_exported_program(
+                ep,
+                cia_to_decomp={},
+                python_decomp_table=decompositions(python_only=True),
+                joint_loss_index=0,
+                decompose_custom_triton_ops=False,
+            )
     except Exception as exc:
         raise diagnose(exc, phase="building the backward graph") from exc
     _normalize(forward)
@@ -336,6 +338,7 @@ _IDENTITIES = (torch.ops.aten.detach.default, torch.ops.aten.alias.default)
 _RUNTIME_ASSERTS = (
     torch.ops.aten._assert_tensor_metadata.default,
     torch.ops.aten._assert_scalar.default,
+    torch.ops.aten._linalg_check_errors.default,  # decompositions.without_error_checks
 )
 
 

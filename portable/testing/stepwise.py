@@ -19,6 +19,7 @@ import torch
 from ..ir.program import ProgramKind
 from ..runtime import Executable
 from .compare import ParityRow, compare
+from .gauge import align, gauge_outputs
 from .runs import Reference, backend_run, reference_run
 from .tolerance import SPREAD_FACTOR
 
@@ -62,10 +63,12 @@ def stepwise_rows(
     state = dict(exe.state)
     found: list[tuple[int, ParityRow]] = []
     deltas: list[float] = []
+    gauges = gauge_outputs(reference.executable.program)
     for step in range(1, (steps if training else 1) + 1):
         got = backend_run(exe, inputs, 1, state)
         reference.prepare(got)
         ref = reference_run(reference.executable, inputs, 1, state)
+        got = align(gauges, got, ref.values)  # singular/eigen vectors up to sign (gauge.py)
         for key, want in ref.values.items():
             if not reference.compares(key):
                 continue

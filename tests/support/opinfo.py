@@ -308,10 +308,13 @@ def _mismatch(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> str:
     return "; ".join(parts)[:300]
 
 
-def cotangent_loss(out: Sequence[torch.Tensor], floats: Sequence[bool]) -> Any:
+def cotangent_loss(
+    out: Sequence[torch.Tensor], floats: Sequence[bool], process: Any = lambda outs: outs
+) -> Any:
     """The loss `loss_fn(model, *batch)` of a one-op training step: the sum of each result that
     carries a gradient (`floats`) times a fixed random cotangent of its shape (seed 0), so every
-    element's gradient is exercised and the step is the same in eager and in the program."""
+    element's gradient is exercised and the step is the same in eager and in the program.
+    `process` maps the model's results to the ones the loss is taken of (`_processed`)."""
     generator = torch.Generator().manual_seed(0)
     cotangents = [
         torch.randn(o.shape, generator=generator) if f else None
@@ -319,11 +322,24 @@ def cotangent_loss(out: Sequence[torch.Tensor], floats: Sequence[bool]) -> Any:
     ]
 
     def loss_fn(model: torch.nn.Module, *batch: torch.Tensor) -> torch.Tensor:
-        outs = model(*batch)
+        outs = process(model(*batch))
         terms = [(o * c).sum() for o, c in zip(outs, cotangents, strict=True) if c is not None]
         return torch.stack(terms).sum()
 
     return loss_fn
+
+
+def _processed(sample: Any) -> Any:
+    """The sample's `output_process_fn_grad` on a one-op module's results, as a tuple: what
+    PyTorch's own gradient tests differentiate. For factorizations it is gauge-invariant
+    (|U|, |eigenvectors|, U @ Vh): a loss of a raw singular vector depends on the sign LAPACK
+    picks, which differs between correct backends."""
+
+    def process(outs: Sequence[torch.Tensor]) -> tuple[torch.Tensor, ...]:
+        value = outs[0] if len(outs) == 1 else tuple(outs)
+        return tuple(pytree.tree_leaves(sample.output_process_fn_grad(value)))
+
+    return process
 
 
 def _train(info: Any, sample: Any, case: Case, backends: Sequence[str]) -> None:
@@ -333,14 +349,15 @@ def _train(info: Any, sample: Any, case: Case, backends: Sequence[str]) -> None:
     if not params:
         return
     module, batch = _module(info, sample, params)
+    process = _processed(sample)
     try:
-        out = module(*batch)
+        out = process(module(*batch))
     except Exception:  # noqa: BLE001 (no autograd for this sample)
         return
     floats = [o.is_floating_point() and o.requires_grad for o in out]
     if not any(floats):
         return
-    loss_fn = cotangent_loss(out, floats)
+    loss_fn = cotangent_loss(out, floats, process)
     try:
         with _quiet():
             program = portable.capture(

@@ -245,15 +245,120 @@ _CORE: frozenset[str] = frozenset(
 )
 
 # later families (portable/opset/families/), one set each, with their rule modules
-SPECIAL: frozenset[str] = frozenset()  # rules/special.py
-SELECTION: frozenset[str] = frozenset()  # rules/selection.py
-SPATIAL: frozenset[str] = frozenset()  # rules/spatial.py
-LINALG: frozenset[str] = frozenset()  # rules/linalg.py, xla only: neuronx-cc has no factorizations
+SPECIAL: frozenset[str] = frozenset(
+    {
+        "aten.polygamma.default",
+        "aten.i0.default",
+        "aten.special_i0e.default",
+        "aten.special_i1.default",
+        "aten.special_i1e.default",
+        "aten.special_ndtri.default",
+        "aten.special_erfcx.default",
+        "aten.nextafter.default",
+        "aten.fmax.default",
+        "aten.fmin.default",
+        "aten.signbit.default",
+        "aten.ldexp.Tensor",
+        "aten.angle.default",
+        "aten.special_modified_bessel_i0.default",
+        "aten.special_modified_bessel_i1.default",
+        "aten.special_modified_bessel_k0.default",
+        "aten.special_modified_bessel_k1.default",
+        "aten.special_scaled_modified_bessel_k0.default",
+        "aten.special_scaled_modified_bessel_k1.default",
+        "aten.special_spherical_bessel_j0.default",
+        "aten.frexp.Tensor",
+        "aten.special_airy_ai.default",
+        "aten.special_bessel_j0.default",
+        "aten.special_bessel_j1.default",
+        "aten.special_bessel_y0.default",
+        "aten.special_bessel_y1.default",
+    }
+)  # rules/special.py
+# igamma / igammac (XLA's series and continued fraction run to convergence) and the orthogonal
+# polynomials (a recurrence run to the largest degree n, a tensor): data-dependent while loops,
+# which neuronx-cc does not compile: xla only
+SPECIAL_XLA: frozenset[str] = frozenset(
+    {
+        "aten.igamma.default",
+        "aten.igammac.default",
+        "aten.special_chebyshev_polynomial_t.default",
+        "aten.special_chebyshev_polynomial_u.default",
+        "aten.special_chebyshev_polynomial_v.default",
+        "aten.special_chebyshev_polynomial_w.default",
+        "aten.special_shifted_chebyshev_polynomial_t.default",
+        "aten.special_shifted_chebyshev_polynomial_u.default",
+        "aten.special_shifted_chebyshev_polynomial_v.default",
+        "aten.special_shifted_chebyshev_polynomial_w.default",
+        "aten.special_hermite_polynomial_h.default",
+        "aten.special_hermite_polynomial_he.default",
+        "aten.special_laguerre_polynomial_l.default",
+        "aten.special_legendre_polynomial_p.default",
+    }
+)
+SELECTION: frozenset[str] = frozenset(  # rules/selection.py
+    {
+        "aten.cummax.default",
+        "aten.cummin.default",
+        "aten.logcumsumexp.default",
+        "aten.searchsorted.Tensor",
+        "aten.bucketize.Tensor",
+        "aten.median.default",
+        "aten.nanmedian.default",
+        "aten.median.dim",
+        "aten.nanmedian.dim",
+        "aten.kthvalue.default",
+        "aten.mode.default",
+    }
+)
+SPATIAL: frozenset[str] = frozenset(  # rules/spatial.py
+    {
+        "aten._cdist_backward.default",
+        "aten._cdist_forward.default",
+        "aten._pdist_backward.default",
+        "aten._pdist_forward.default",
+        "aten._trilinear.default",
+        "aten.adaptive_max_pool3d.default",
+        "aten.adaptive_max_pool3d_backward.default",
+        "aten.addbmm.default",
+        "aten.addmv.default",
+        "aten.dist.default",
+        "aten.grid_sampler_2d.default",
+        "aten.grid_sampler_2d_backward.default",
+        "aten.grid_sampler_3d.default",
+        "aten.grid_sampler_3d_backward.default",
+    }
+)
+# rules/linalg.py, xla only: neuronx-cc has no factorizations
+LINALG: frozenset[str] = frozenset(
+    {
+        "aten.linalg_lu_factor_ex.default",
+        "aten.linalg_lu.default",
+        "aten.lu_unpack.default",
+        "aten.linalg_lu_solve.default",
+        "aten._linalg_solve_ex.default",
+        "aten.linalg_inv_ex.default",
+        "aten._linalg_det.default",
+        "aten._linalg_slogdet.default",
+        "aten.linalg_cholesky_ex.default",
+        "aten.cholesky.default",
+        "aten.cholesky_solve.default",
+        "aten.cholesky_inverse.default",
+        "aten.linalg_solve_triangular.default",
+        "aten.triangular_solve.default",
+        "aten.linalg_qr.default",
+        "aten._linalg_svd.default",
+        "aten._linalg_eigh.default",
+        "aten.geqrf.default",
+        "aten.linalg_householder_product.default",
+        "aten.ormqr.default",
+    }
+)
 
 GENERIC: frozenset[str] = _CORE | SPECIAL | SELECTION | SPATIAL
 
 ONLY: dict[str, frozenset[str]] = {
-    "xla": LINALG,
+    "xla": LINALG | SPECIAL_XLA,
     "neuron": frozenset(),
 }
 

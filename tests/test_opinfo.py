@@ -2,9 +2,9 @@
 and dtypes, through capture, `cpu` against eager, every runnable backend against `cpu`, and the
 training step.
 
-CI runs the small form: the OpInfos of `SMALL` (ops real models use, and the ops this issue
-added), their first float32 sample, with the training step. PORTABLE_SLOW=full runs every OpInfo
-in float32, bfloat16, int64 and bool (two samples each): the sweep whose figures docs/testing.md
+CI runs the small form: the OpInfos of `SMALL` (ops real models use, and one op of each later
+opset family), their first float32 sample, with the training step. PORTABLE_SLOW=full runs every
+OpInfo in float32, bfloat16, int64 and bool (two samples each): the sweep whose figures docs/testing.md
 quotes (`python -m tests.support.opinfo` writes them).
 
 What every case must satisfy: no untyped error anywhere, no silent wrong answer on any backend
@@ -43,6 +43,12 @@ SMALL = (
     "nn.functional.embedding",
     "abs",
     "cumsum",
+    # one of each opset 1.4 family, and an op that writes into its inputs
+    "polygamma.polygamma_n_1",
+    "median",
+    "nn.functional.bilinear",
+    "linalg.solve",
+    "native_batch_norm",
 )
 # the SMALL ops whose first sample's training step must capture and match (abs needs sign in
 # the backward, cumsum flip); add's first sample is `add(float, tensor)`, which AOT autograd's
@@ -58,6 +64,9 @@ TRAINED = (
     "nn.functional.layer_norm",
     "abs",
     "cumsum",
+    "polygamma.polygamma_n_1",
+    "nn.functional.bilinear",
+    "linalg.solve",
 )
 _BAD = {"untyped", "wrong", "error"}
 

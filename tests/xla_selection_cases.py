@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from xla_cases import BF16, F32, I64, A, C, small, t
+from xla_cases import BF16, BOOL, F32, I64, A, C, small, t
 
 FLOATS = (F32, BF16)
 _NAN = math.nan
@@ -79,4 +79,27 @@ _SELECTION: list = [
     C("aten.mode.default", lambda d: A(small(d, 5, 16), 1), (F32, BF16, I64), "ties"),
     C("aten.mode.default", lambda d: A(small(d, 7, 3), 0, True), (F32,), "keepdim"),
     C("aten.mode.default", lambda d: A(_with_nan(d, 4, 9)), (F32,), "nan"),
+]
+
+
+def _sparse(dtype, *shape):
+    """About half the elements zero (False for bool)."""
+    mask = torch.rand(shape) < 0.5
+    return (t(dtype, *shape) * mask).to(dtype) if dtype != BOOL else mask
+
+
+_SELECTION += [
+    C(
+        "aten.nonzero_static.default",
+        lambda d: A(_sparse(d, 3, 4), size=4),
+        (F32, I64, BOOL),
+        "cut",
+    ),
+    C(
+        "aten.nonzero_static.default",
+        lambda d: A(_sparse(d, 2, 3), size=9, fill_value=-7),
+        (F32,),
+        "pad",
+    ),
+    C("aten.nonzero_static.default", lambda d: A(_sparse(d, 5), size=5), (BF16,), "1d"),
 ]

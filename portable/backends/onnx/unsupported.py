@@ -55,6 +55,7 @@ _NO_SCAN = "ONNX has no running max/min with its index (CumSum only); torchlib n
 _NO_MEDIAN = "ONNX has no median operator (TopK's order among ties is not torch's); torchlib none"
 _NO_SEARCH = "ONNX has no binary search over a sorted sequence; torchlib none"
 SELECTION: dict[str, str] = {
+    "aten.nonzero_static.default": "ONNX NonZero's result shape is data-dependent; no padding rule",
     "aten.cummax.default": _NO_SCAN,
     "aten.cummin.default": _NO_SCAN,
     "aten.logcumsumexp.default": "ONNX CumSum of exp overflows where torch's running log-add-exp does not",
@@ -68,6 +69,7 @@ SELECTION: dict[str, str] = {
     "aten.nanmedian.dim": _NO_MEDIAN,
 }
 SPATIAL: dict[str, str] = {
+    "aten._upsample_bilinear2d_aa.default": "ONNX Resize has no antialias filter torch's matches",
     "aten._cdist_forward.default": "ONNX has no pairwise-distance operator; torchlib none",
     "aten._pdist_forward.default": "ONNX has no pairwise-distance operator; torchlib none",
     "aten._trilinear.default": "torchlib has no rule for _trilinear (F.bilinear)",
@@ -77,6 +79,9 @@ _FACTOR = "ONNX has no factorization operators (LU, Cholesky, QR, SVD, eigen)"
 _DET = "ONNX's Det gives the determinant alone, not the LU factors and pivots this op also returns"
 _TRI = "ONNX has no triangular solve"
 LINALG: dict[str, str] = {
+    "aten.linalg_matrix_exp.default": "ONNX has no matrix exponential",
+    "aten.linalg_ldl_factor_ex.default": _FACTOR,
+    "aten.linalg_ldl_solve.default": _TRI,
     "aten.linalg_lu_factor_ex.default": _FACTOR,
     "aten.linalg_lu.default": _FACTOR,
     "aten.lu_unpack.default": "ONNX has no LU factorization, nor the pivot-to-permutation loop",

@@ -1,5 +1,6 @@
 """Linear algebra: factorizations (Cholesky, LU, QR, SVD, symmetric eigen), solves, inverses and
-determinants. Rules exist for `xla` only: Neuron's compiler and ONNX have no factorization ops.
+determinants. Rules exist for `xla` only: Neuron's compiler and ONNX have no factorization ops;
+the matrix exponential and LDL^T run on `cpu` and `cuda` alone.
 
 Matrices are the last two dims, batch dims in front. The `*_ex` ops' `info` is LAPACK's int32
 code (0: success); a compiled program does not raise where eager checks it. Singular vectors and
@@ -86,6 +87,26 @@ ENTRIES: tuple[OpDef, ...] = (
         FLOAT,
         "matmul",
         "Q C, Q^T C, C Q or C Q^T with Q from Householder reflectors",
+    ),
+    # torch's kernels alone (cpu, cuda): no compiled backend reproduces them to tolerance
+    # (tests/test_xla_rules.py EXCLUDED says why); xla, neuron and onnx refuse by capability
+    entry(
+        "aten.linalg_matrix_exp.default",
+        FLOAT,
+        "same",
+        "e^A: torch's Taylor polynomial of a degree chosen by the norm, scaling and squaring",
+    ),
+    entry(
+        "aten.linalg_ldl_factor_ex.default",
+        FLOAT,
+        "tuple",
+        "(compact LD, pivots, info) of A = L D L^T with Bunch-Kaufman pivoting (LAPACK sytrf)",
+    ),
+    entry(
+        "aten.linalg_ldl_solve.default",
+        FLOAT,
+        "matmul",
+        "X with A X = B from A's compact LD and pivots (LAPACK sytrs)",
     ),
 )
 TRAITS: dict[str, tuple[str, ...]] = {}

@@ -3,7 +3,7 @@ mode), running extrema, bucketing and histograms, strided and masked writes, cop
 
 from __future__ import annotations
 
-from ..entry import FLOAT, NUMERIC, OpDef, entry
+from ..entry import ANY, FLOAT, NUMERIC, OpDef, entry
 
 ENTRIES: tuple[OpDef, ...] = (
     # running extrema and scans
@@ -75,6 +75,13 @@ ENTRIES: tuple[OpDef, ...] = (
         NUMERIC,
         "tuple",
         "most frequent value along dim (the smallest among equally frequent) and an index of it",
+    ),
+    entry(
+        "aten.nonzero_static.default",
+        ANY,
+        "creation",
+        "[size, ndim] int64 indices of the nonzero elements in row-major order, padded with "
+        "fill_value (or cut) to `size` rows",
     ),
 )
 TRAITS: dict[str, tuple[str, ...]] = {}

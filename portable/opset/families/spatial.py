@@ -85,5 +85,19 @@ ENTRIES: tuple[OpDef, ...] = (
         "same",
         "route grad to each adaptive 3-d window's argmax",
     ),
+    # torch's kernels alone (cpu, cuda): xla, neuron and onnx refuse by capability
+    entry(
+        "aten._upsample_bilinear2d_aa.default",
+        FLOAT,
+        "pool",
+        "antialiased bilinear resampling of the last two dims (a triangle filter widened by the "
+        "downscale factor)",
+    ),
+    entry(
+        "aten._upsample_bilinear2d_aa_backward.default",
+        FLOAT,
+        "pool",
+        "gradient of _upsample_bilinear2d_aa with respect to its input",
+    ),
 )
 TRAITS: dict[str, tuple[str, ...]] = {}

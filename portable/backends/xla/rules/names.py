@@ -298,6 +298,7 @@ SPECIAL_XLA: frozenset[str] = frozenset(
 )
 SELECTION: frozenset[str] = frozenset(  # rules/selection.py
     {
+        "aten.nonzero_static.default",
         "aten.cummax.default",
         "aten.cummin.default",
         "aten.logcumsumexp.default",

@@ -324,3 +324,13 @@ def mode(ctx, x, dim=-1, keepdim=False):
     if keepdim:
         best_v, best_ix = jnp.expand_dims(best_v, d), jnp.expand_dims(best_ix, d)
     return best_v, best_ix
+
+
+@RULES.register("aten.nonzero_static.default")
+def nonzero_static(ctx, x, *, size, fill_value=-1):
+    # the first `size` nonzero positions in row-major order (jnp.nonzero's order), each a row of
+    # ndim indices; rows past the count hold fill_value in every column
+    if x.ndim == 0:
+        return jnp.zeros((size, 0), jnp.int64)
+    found = jnp.nonzero(x, size=size, fill_value=fill_value)
+    return jnp.stack(found, axis=1).astype(out_dtype(ctx))

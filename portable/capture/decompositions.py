@@ -260,7 +260,20 @@ def _pinv(
 
 
 # ops core ATen keeps whole that the opset spells with other ops
+def _efficient_zeros(
+    size: list[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    # the zero gradients autograd formulas write as _efficientzerotensor (sgn's backward): zeros
+    return aten.full.default(size, 0, dtype=dtype or torch.float32, device=device)
+
+
 _EXTRA = {
+    aten._efficientzerotensor.default: _efficient_zeros,
     aten.linalg_pinv.atol_rtol_tensor: _pinv,
     aten.copy.default: _copy,
     aten._batch_norm_with_update_functional.default: _batch_norm_with_update,

@@ -393,6 +393,15 @@ def _train(info: Any, sample: Any, case: Case, backends: Sequence[str]) -> None:
     if not any(floats):
         return
     loss_fn = cotangent_loss(out, floats, process)
+    # only the float inputs eager differentiates by are parameters (expand_as's second
+    # argument gives a shape alone: capture refuses a parameter that does not reach the loss)
+    grads = torch.autograd.grad(loss_fn(module, *batch), list(module.weights), allow_unused=True)
+    used = [slot for slot, g in zip(params, grads, strict=True) if g is not None]
+    if not used:
+        return
+    if len(used) < len(params):
+        params = used
+        module, batch = _module(info, sample, params)
     try:
         with _quiet():
             program = portable.capture(

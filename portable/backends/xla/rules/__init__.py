@@ -43,6 +43,7 @@ _MODULES = (
     "mx",
     "symbolic",
     "special",
+    "bessel",
     "selection",
     "spatial",
     "linalg",

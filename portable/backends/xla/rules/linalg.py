@@ -106,7 +106,7 @@ def _unpack(lu, pivots, dtype):
     return p, lower.astype(dtype), upper.astype(dtype)
 
 
-@RULES.register("aten.linalg_lu_factor_ex.default")
+@RULES.register("aten.linalg_lu_factor_ex.default", platform="xla")
 def linalg_lu_factor_ex(ctx, a, *, pivot=True, check_errors=False):
     if not pivot:
         raise unsupported(ctx, "LU without pivoting", "use pivot=True (torch's CPU kernel too)")
@@ -114,7 +114,7 @@ def linalg_lu_factor_ex(ctx, a, *, pivot=True, check_errors=False):
     return lu.astype(a.dtype), pivots, info
 
 
-@RULES.register("aten.linalg_lu.default")
+@RULES.register("aten.linalg_lu.default", platform="xla")
 def linalg_lu(ctx, a, *, pivot=True):
     if not pivot:
         raise unsupported(ctx, "LU without pivoting", "use pivot=True (torch's CPU kernel too)")
@@ -122,7 +122,7 @@ def linalg_lu(ctx, a, *, pivot=True):
     return _unpack(lu, pivots, a.dtype)
 
 
-@RULES.register("aten.lu_unpack.default")
+@RULES.register("aten.lu_unpack.default", platform="xla")
 def lu_unpack(ctx, lu, pivots, unpack_data=True, unpack_pivots=True):
     p, lower, upper = _unpack(lu, pivots.astype(jnp.int32), lu.dtype)
     return (
@@ -149,7 +149,7 @@ def _lu_solve(lu, pivots, b, adjoint):
     return jnp.take_along_axis(z, inverse[..., :, None], axis=-2)
 
 
-@RULES.register("aten.linalg_lu_solve.default")
+@RULES.register("aten.linalg_lu_solve.default", platform="xla")
 def linalg_lu_solve(ctx, lu, pivots, b, *, left=True, adjoint=False):
     dtype = out_dtype(ctx)
     lu, b = _f(lu), _f(b)
@@ -164,7 +164,7 @@ def _vector_rhs(a, b, left):
     return b.ndim == 1 or (left and b.ndim == a.ndim - 1 and b.shape == a.shape[:-1])
 
 
-@RULES.register("aten._linalg_solve_ex.default")
+@RULES.register("aten._linalg_solve_ex.default", platform="xla")
 def linalg_solve_ex(ctx, a, b, *, left=True, check_errors=False):
     dtype = out_dtype(ctx)
     vector = _vector_rhs(a, b, left)
@@ -181,7 +181,7 @@ def linalg_solve_ex(ctx, a, b, *, left=True, check_errors=False):
     return x.astype(dtype), lu.astype(a.dtype), pivots, info
 
 
-@RULES.register("aten.linalg_inv_ex.default")
+@RULES.register("aten.linalg_inv_ex.default", platform="xla")
 def linalg_inv_ex(ctx, a, *, check_errors=False):
     a32 = _f(a)
     lu, pivots, info = _lu(a32)
@@ -193,7 +193,7 @@ def linalg_inv_ex(ctx, a, *, check_errors=False):
 # getrf): the LU and pivots they return are A^T's; det A^T = det A
 
 
-@RULES.register("aten._linalg_det.default")
+@RULES.register("aten._linalg_det.default", platform="xla")
 def linalg_det(ctx, a):
     lu, pivots, _ = _lu(_mT(_f(a)))
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
@@ -201,7 +201,7 @@ def linalg_det(ctx, a):
     return det.astype(a.dtype), lu.astype(a.dtype), pivots
 
 
-@RULES.register("aten._linalg_slogdet.default")
+@RULES.register("aten._linalg_slogdet.default", platform="xla")
 def linalg_slogdet(ctx, a):
     lu, pivots, _ = _lu(_mT(_f(a)))
     diag = jnp.diagonal(lu, axis1=-2, axis2=-1)
@@ -245,14 +245,14 @@ def _cholesky(a, upper):
     return (_mT(low) if upper else low), sym
 
 
-@RULES.register("aten.linalg_cholesky_ex.default")
+@RULES.register("aten.linalg_cholesky_ex.default", platform="xla")
 def linalg_cholesky_ex(ctx, a, *, upper=False, check_errors=False):
     factor, sym = _cholesky(_f(a), upper)
     info = _cholesky_info(jnp.tril(sym) + _mT(jnp.tril(sym, -1)))
     return factor.astype(a.dtype), info
 
 
-@RULES.register("aten.cholesky.default")
+@RULES.register("aten.cholesky.default", platform="xla")
 def cholesky(ctx, a, upper=False):
     return _cholesky(_f(a), upper)[0].astype(a.dtype)
 
@@ -263,7 +263,7 @@ def _lower_factor(factor, upper):
     return jnp.tril(_mT(factor)) if upper else jnp.tril(factor)
 
 
-@RULES.register("aten.cholesky_solve.default")
+@RULES.register("aten.cholesky_solve.default", platform="xla")
 def cholesky_solve(ctx, b, factor, upper=False):
     dtype = out_dtype(ctx)
     low, b32 = _broadcast_batch(_lower_factor(_f(factor), upper), _f(b))
@@ -272,7 +272,7 @@ def cholesky_solve(ctx, b, factor, upper=False):
     return tri(low, y, left_side=True, lower=True, transpose_a=True).astype(dtype)
 
 
-@RULES.register("aten.cholesky_inverse.default")
+@RULES.register("aten.cholesky_inverse.default", platform="xla")
 def cholesky_inverse(ctx, factor, upper=False):
     low = _lower_factor(_f(factor), upper)
     eye = jnp.broadcast_to(jnp.eye(low.shape[-1], dtype=low.dtype), low.shape)
@@ -284,7 +284,7 @@ def cholesky_inverse(ctx, factor, upper=False):
 # --------------------------------------------------------------------------- triangular solves
 
 
-@RULES.register("aten.linalg_solve_triangular.default")
+@RULES.register("aten.linalg_solve_triangular.default", platform="xla")
 def linalg_solve_triangular(ctx, a, b, *, upper, left=True, unitriangular=False):
     dtype = out_dtype(ctx)
     a32, b32 = _broadcast_batch(_f(a), _f(b))
@@ -294,7 +294,7 @@ def linalg_solve_triangular(ctx, a, b, *, upper, left=True, unitriangular=False)
     return x.astype(dtype)
 
 
-@RULES.register("aten.triangular_solve.default")
+@RULES.register("aten.triangular_solve.default", platform="xla")
 def triangular_solve(ctx, b, a, upper=True, transpose=False, unitriangular=False):
     a32, b32 = _broadcast_batch(_f(a), _f(b))
     x = jax.lax.linalg.triangular_solve(
@@ -311,14 +311,14 @@ def triangular_solve(ctx, b, a, upper=True, transpose=False, unitriangular=False
 # --------------------------------------------------------------------------- QR, SVD, eigh
 
 
-@RULES.register("aten.linalg_qr.default")
+@RULES.register("aten.linalg_qr.default", platform="xla")
 def linalg_qr(ctx, a, mode="reduced"):
     q, r = jax.lax.linalg.qr(_f(a), full_matrices=mode == "complete")
     q = _empty(ctx, 0) if mode == "r" else q.astype(a.dtype)
     return q, r.astype(a.dtype)
 
 
-@RULES.register("aten._linalg_svd.default")
+@RULES.register("aten._linalg_svd.default", platform="xla")
 def linalg_svd(ctx, a, full_matrices=False, compute_uv=True, *, driver=None):
     a32 = _f(a)
     if not compute_uv:
@@ -328,7 +328,7 @@ def linalg_svd(ctx, a, full_matrices=False, compute_uv=True, *, driver=None):
     return u.astype(a.dtype), s.astype(out_dtype(ctx, 1)), vh.astype(a.dtype)
 
 
-@RULES.register("aten._linalg_eigh.default")
+@RULES.register("aten._linalg_eigh.default", platform="xla")
 def linalg_eigh(ctx, a, UPLO="L", compute_v=True):  # noqa: N803 (torch's argument name)
     v, w = jax.lax.linalg.eigh(_f(a), lower=UPLO == "L", symmetrize_input=False)
     values = w.astype(out_dtype(ctx, 0))
@@ -338,18 +338,18 @@ def linalg_eigh(ctx, a, UPLO="L", compute_v=True):  # noqa: N803 (torch's argume
 # --------------------------------------------------------------------------- Householder
 
 
-@RULES.register("aten.geqrf.default")
+@RULES.register("aten.geqrf.default", platform="xla")
 def geqrf(ctx, a):
     reflectors, tau = lax_linalg.geqrf(_f(a))
     return reflectors.astype(a.dtype), tau.astype(a.dtype)
 
 
-@RULES.register("aten.linalg_householder_product.default")
+@RULES.register("aten.linalg_householder_product.default", platform="xla")
 def linalg_householder_product(ctx, a, tau):
     return lax_linalg.householder_product(_f(a), _f(tau)).astype(out_dtype(ctx))
 
 
-@RULES.register("aten.ormqr.default")
+@RULES.register("aten.ormqr.default", platform="xla")
 def ormqr(ctx, a, tau, c, left=True, transpose=False):
     a32, c32 = _broadcast_batch(_f(a), _f(c))
     tau32 = jnp.broadcast_to(_f(tau), a32.shape[:-2] + tau.shape[-1:])

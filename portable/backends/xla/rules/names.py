@@ -274,7 +274,7 @@ SPECIAL: frozenset[str] = frozenset(
         "aten.special_bessel_y0.default",
         "aten.special_bessel_y1.default",
     }
-)  # rules/special.py
+)  # rules/special.py, rules/bessel.py
 # igamma / igammac (XLA's series and continued fraction run to convergence) and the orthogonal
 # polynomials (a recurrence run to the largest degree n, a tensor): data-dependent while loops,
 # which neuronx-cc does not compile: xla only

@@ -3,8 +3,8 @@
 `BACKENDS` maps a name to the implementation under test: `run` backends quantize and dequantize
 tensors (`cpu`: one-op programs run by the cpu backend; `xla`: the same programs compiled by the
 xla backend; `triton`: the cuda backend's kernels in Triton's interpreter; `onnx`: programs of
-every format x rule per input, exported once and run by ONNX Runtime, see `batched`), `lower`
-backends only lower (`neuron`: no NeuronCore here). A new backend is one more entry.
+every format x rule per input, exported once and run by ONNX Runtime, see `batched`). A new
+backend is one more entry; `neuron`, which only lowers here, is tests/test_mx_neuron.py.
 
 Every run backend gets the same cases, checked bit for bit against `portable.mx` (the oracle)
 and against shared/reference/mx.md's expectations directly:
@@ -19,11 +19,6 @@ and against shared/reference/mx.md's expectations directly:
   in value (floor and rceil; in bytes for floor); bfloat16 / float16 input gives the bytes of its
   float32 upcast; quantizing along a middle dim equals movedim, quantize last dim, movedim back.
 Cases share shapes so each backend compiles few programs (xla compiles per shape and argument).
-
-`neuron` lowers one program holding the table's formats, rules, dtypes and axes for every
-generation: the offline validator passes, the HLO holds only integer / bit-pattern opcodes and
-element types (no FP8 / FP4, no float64, no custom call), the manifest records how MX was
-lowered, and the written graph.hlo, run on XLA:CPU, gives the oracle's bytes.
 """
 
 from __future__ import annotations
@@ -33,72 +28,46 @@ import functools
 import hashlib
 import importlib.util
 import itertools
-import json
-import operator
 from collections.abc import Callable
 from typing import Any
 
-import numpy as np
 import pytest
 import torch
 
 import portable
 from portable import mx
-from portable.backends import Target
-from portable.ir.program import Program, ProgramKind
+from portable.ir.program import Program
 from portable.ir.signature import (
-    InputKind,
-    InputSpec,
-    OutputKind,
-    OutputSpec,
-    Signature,
     TensorSpec,
 )
-from portable.mx.vectors import VECTORS, edge_blocks, fuzz
+from portable.mx.vectors import VECTORS
+from tests.support.mx_programs import (
+    FORMATS,
+    ROWS,
+    RULE_OF,
+    RULES,
+    add_dequantize,
+    add_quantize,
+    build_program,
+    corpus,
+    dequantize_program,
+    middle_axis_input,
+    quantize_program,
+    same_bits,
+)
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # NaN / Inf on purpose
 
-FORMATS = list(mx.FORMATS)
-RULES = list(mx.SCALE_RULES)
 HALF = (torch.bfloat16, torch.float16)
 FLOATS = (torch.float32, *HALF)
-ROWS = 512  # blocks in the shared corpus (vectors + edge blocks + fuzz)
 SIGN_MASK = {"e4m3": 0x80, "e5m2": 0x80, "e3m2": 0x20, "e2m3": 0x20, "e2m1": 0x88}
-# one rule per format where a case does not depend on the rule (input dtype, axis)
-RULE_OF = {fmt: RULES[i % len(RULES)] for i, fmt in enumerate(FORMATS)}
-
-Q_OP = torch.ops.portable.mx_quantize.default
-DQ_OP = torch.ops.portable.mx_dequantize.default
 
 
 # ----------------------------------------------------------------------------- helpers
 
 
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit, except that any NaN matches any NaN (payloads are unspecified)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    nan = torch.isnan(a)
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(ints), b[~nan].view(ints))
-
-
 def unpacked(codes: torch.Tensor, fmt: str, axis: int = -1) -> torch.Tensor:
     return mx.unpack_fp4(codes, axis) if mx.FORMATS[fmt].packed else codes
-
-
-@functools.cache
-def corpus() -> torch.Tensor:
-    """[ROWS, 32] fp32 blocks: row i < len(VECTORS) is VECTORS[i], then the edge blocks, then
-    fuzz."""
-    vectors = torch.tensor([v.block() for v in VECTORS], dtype=torch.float32)
-    edges = edge_blocks()
-    return torch.cat([vectors, edges, fuzz(2024, ROWS - len(vectors) - len(edges))])
-
-
-def middle_axis_input(seed: int) -> torch.Tensor:
-    """[4, 64, 3] fp32 whose blocks along dim 1 are fuzz blocks."""
-    return fuzz(seed, 4 * 2 * 3).view(4, 3, 64).transpose(1, 2).contiguous()
 
 
 def code_bytes(fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
@@ -117,67 +86,6 @@ def code_bytes(fmt: str) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 # ----------------------------------------------------------------------------- the backends
-
-
-def _program(name: str, inputs: list[TensorSpec], build) -> Program:
-    """An inference Program over `inputs`: `build(graph, placeholders)` adds nodes and returns
-    [(node, spec)] for the outputs."""
-    graph = torch.fx.Graph()
-    placeholders = []
-    for i, spec in enumerate(inputs):
-        node = graph.placeholder(f"in{i}")
-        node.meta["tensor"] = spec
-        placeholders.append(node)
-    outputs = build(graph, placeholders)
-    graph.output(tuple(node for node, _ in outputs))
-    signature = Signature(
-        tuple(
-            InputSpec(n.name, InputKind.USER_INPUT, s)
-            for n, s in zip(placeholders, inputs, strict=True)
-        ),
-        tuple(OutputSpec(f"out{i}", OutputKind.OUTPUT, s) for i, (_, s) in enumerate(outputs)),
-    )
-    module = torch.fx.GraphModule(torch.nn.Module(), graph)
-    return Program(ProgramKind.INFERENCE, module, signature, {}, metadata={"name": name})
-
-
-def add_quantize(graph, x, x_spec: TensorSpec, fmt, axis, rule, block_size=32):
-    """mx_quantize node on `x`; returns [(codes, spec), (scales, spec)]."""
-    lay = mx.check_quantize(x_spec.shape, x_spec.dtype, fmt, axis, rule, block_size)
-    specs = (TensorSpec(lay.codes_shape, torch.uint8), TensorSpec(lay.scales_shape, torch.uint8))
-    node = graph.call_function(Q_OP, (x, fmt, axis, rule, block_size))
-    node.meta["tensor"] = specs
-    items = []
-    for i, spec in enumerate(specs):
-        item = graph.call_function(operator.getitem, (node, i))
-        item.meta["tensor"] = spec
-        items.append((item, spec))
-    return items
-
-
-def add_dequantize(graph, codes, scales, codes_shape, fmt, axis, dtype, block_size=32):
-    lay = mx.dequantize_layout(codes_shape, fmt, axis, dtype, block_size)
-    node = graph.call_function(DQ_OP, (codes, scales, fmt, axis, dtype, block_size))
-    node.meta["tensor"] = spec = TensorSpec(lay.shape, dtype)
-    return node, spec
-
-
-def quantize_program(shape, dtype, fmt, axis, rule, block_size=32) -> Program:
-    spec = TensorSpec(tuple(shape), dtype)
-    return _program(
-        "mx_quantize",
-        [spec],
-        lambda g, ph: add_quantize(g, ph[0], spec, fmt, axis, rule, block_size),
-    )
-
-
-def dequantize_program(codes_shape, scales_shape, fmt, axis, dtype, block_size=32) -> Program:
-    inputs = [TensorSpec(tuple(shape), torch.uint8) for shape in (codes_shape, scales_shape)]
-    return _program(
-        "mx_dequantize",
-        inputs,
-        lambda g, ph: [add_dequantize(g, *ph, tuple(codes_shape), fmt, axis, dtype, block_size)],
-    )
 
 
 def compiled(backend: str) -> tuple[Callable, Callable]:
@@ -224,7 +132,7 @@ def quantize_table_program(shape, dtype, axis, pairs, block_size=32) -> Program:
             outs += add_quantize(g, ph[0], spec, fmt, axis, rule, block_size)
         return outs
 
-    return _program("mx_quantize_table", [spec], build)
+    return build_program("mx_quantize_table", [spec], build)
 
 
 def dequantize_table_program(codes_shape, scales_shape, axis, formats, dtypes, block_size=32):
@@ -238,7 +146,7 @@ def dequantize_table_program(codes_shape, scales_shape, axis, formats, dtypes, b
             for dtype in dtypes
         ]
 
-    return _program("mx_dequantize_table", inputs, build)
+    return build_program("mx_dequantize_table", inputs, build)
 
 
 def batched(backend: str, dtypes: tuple[torch.dtype, ...]) -> tuple[Callable, Callable]:
@@ -287,40 +195,25 @@ def _triton_kernels():
     return kmx.quantize, kmx.dequantize
 
 
-def _neuron_lower(variant: str = "trn3"):
-    from portable.backends.neuron import NeuronBackend
-
-    def lower(program: Program):
-        return NeuronBackend().lower(program, Target("neuron", variant))
-
-    return lower
-
-
 @dataclasses.dataclass(frozen=True)
 class MXBackend:
-    """One implementation under test, built on first use (heavy imports happen then).
+    """One implementation under test, built on first use (heavy imports happen then): `make()`
+    returns `(quantize, dequantize)` with the signatures of `portable.mx` (`quantize(x, fmt,
+    axis, rule, block_size) -> (codes, scales)`, `dequantize(codes, scales, fmt, axis, dtype,
+    block_size) -> values`)."""
 
-    kind "run": `make()` returns `(quantize, dequantize)` with the signatures of `portable.mx`
-    (`quantize(x, fmt, axis, rule, block_size) -> (codes, scales)`, `dequantize(codes, scales,
-    fmt, axis, dtype, block_size) -> values`). kind "lower": `make()` returns `lower(program)`,
-    which raises when the backend cannot compile the program."""
-
-    kind: str
     make: Callable[[], Any]
     requires: str | None = None  # a module that must be importable, else the cases skip
     dequantize_dtypes: tuple[torch.dtype, ...] = (*FLOATS, torch.float64)
 
 
 BACKENDS: dict[str, MXBackend] = {
-    "cpu": MXBackend("run", lambda: compiled("cpu")),
-    "xla": MXBackend("run", lambda: compiled("xla"), requires="jax"),
-    "triton": MXBackend("run", _triton_kernels, requires="triton"),
-    "neuron": MXBackend("lower", _neuron_lower, requires="jax"),
-    "onnx": MXBackend(
-        "run", lambda: batched("onnx", (*FLOATS, torch.float64)), requires="onnxruntime"
-    ),
+    "cpu": MXBackend(lambda: compiled("cpu")),
+    "xla": MXBackend(lambda: compiled("xla"), requires="jax"),
+    "triton": MXBackend(_triton_kernels, requires="triton"),
+    "onnx": MXBackend(lambda: batched("onnx", (*FLOATS, torch.float64)), requires="onnxruntime"),
 }
-RUN = [name for name, b in BACKENDS.items() if b.kind == "run"]
+RUN = list(BACKENDS)
 
 
 @functools.cache
@@ -473,143 +366,3 @@ def test_middle_axis_equals_movedim_quantize_movedim(be, fmt):
     values = dequantize(be, codes, scales, fmt, 1)
     moved = dequantize(be, moved_codes, moved_scales, fmt, -1)
     assert same_bits(values, moved.movedim(-1, 1).contiguous())
-
-
-# ----------------------------------------------------------------------------- neuron (lower only)
-
-# what the MX rules emit (besides the graph's parameters and root tuple)
-EMULATED_OPCODES = frozenset(
-    """
-    parameter constant broadcast reshape slice concatenate tuple bitcast-convert convert
-    and or xor add subtract negate abs shift-left shift-right-arithmetic shift-right-logical
-    compare select clamp maximum minimum reduce
-    """.split()
-)
-EMULATED_TYPES = frozenset({"f32", "bf16", "f16", "s32", "u16", "u8", "pred"})
-
-
-def _neuron_program() -> tuple[Program, list[torch.Tensor]]:
-    """Quantize (every format and rule, float32 / bfloat16 / float16 input, last and middle
-    axis) and dequantize (to float32 / bfloat16 / float16) in one program, with its inputs."""
-    x32 = corpus()
-    x3 = middle_axis_input(78)
-    inputs = [x32, x32.to(torch.bfloat16), x32.to(torch.float16), x3]
-    specs = [TensorSpec.of(t) for t in inputs]
-
-    def build(g, ph):
-        outs = []
-        for fmt in FORMATS:
-            for rule in RULES:
-                outs += add_quantize(g, ph[0], specs[0], fmt, -1, rule)
-            for k, dtype in ((1, torch.bfloat16), (2, torch.float16)):
-                (codes, cs), (scales, _) = add_quantize(g, ph[k], specs[k], fmt, -1, RULE_OF[fmt])
-                outs += [(codes, cs)]
-                outs.append(add_dequantize(g, codes, scales, cs.shape, fmt, -1, dtype))
-            (codes, cs), (scales, ss) = add_quantize(g, ph[3], specs[3], fmt, 1, RULE_OF[fmt])
-            outs += [(codes, cs), (scales, ss)]
-            outs.append(add_dequantize(g, codes, scales, cs.shape, fmt, 1, torch.float32))
-        return outs
-
-    return _program("mx_table", specs, build), inputs
-
-
-def _oracle(program: Program, inputs: list[torch.Tensor]) -> list[torch.Tensor]:
-    out = portable.compile(program, "cpu")(*inputs)
-    return list(out) if isinstance(out, tuple) else [out]
-
-
-def _run_hlo(proto: bytes, flat: list[torch.Tensor]) -> list[torch.Tensor]:
-    """Compile a serialized HloModuleProto with jaxlib's CPU client and run it."""
-    import jax
-    import ml_dtypes
-    from jax._src.lib import xla_client
-
-    computation = xla_client.XlaComputation(proto)
-    module = xla_client._xla.mlir.xla_computation_to_mlir_module(computation)
-    device = jax.devices("cpu")[0]
-    options = xla_client.CompileOptions()
-    options.executable_build_options.debug_options.xla_backend_optimization_level = 0  # as `xla`
-    executable = device.client.compile_and_load(module, xla_client.DeviceList((device,)), options)
-
-    def to_numpy(t):
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
-        return t.numpy()
-
-    def to_torch(a):
-        a = np.array(a, copy=True)
-        if a.dtype == ml_dtypes.bfloat16:
-            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(a)
-
-    args = [jax.device_put(to_numpy(t), device) for t in flat]
-    results = executable.execute_sharded(args).disassemble_into_single_device_arrays()
-    return [to_torch(r[0]) for r in results]
-
-
-@pytest.fixture(scope="module")
-def neuron_table(tmp_path_factory):
-    from portable.backends.neuron import NeuronBackend
-
-    lower = backend("neuron")
-    program, inputs = _neuron_program()
-    lowered = lower(program)  # raises NeuronValidationError on any validator error
-    out = tmp_path_factory.mktemp("neuron_mx")
-    NeuronBackend().write(lowered, out)
-    return program, inputs, lowered, out
-
-
-def test_neuron_lowers_the_table_to_integer_hlo(neuron_table):
-    from portable.backends.neuron.hlo import parse_hlo_text
-
-    program, _, lowered, _ = neuron_table
-    record = lowered.payload.programs[0]
-    assert not record.findings, [f.to_json() for f in record.findings]
-    module = parse_hlo_text(lowered.texts["graph.hlo.txt"])
-    opcodes = {ins.opcode for ins in module.instructions()}
-    types = set().union(*(ins.elements for ins in module.instructions()))
-    assert opcodes <= EMULATED_OPCODES, sorted(opcodes - EMULATED_OPCODES)
-    assert types <= EMULATED_TYPES, sorted(types - EMULATED_TYPES)  # no f64 / FP8 / FP4
-
-
-@pytest.mark.parametrize("variant", ["trn2", "trn1"])
-def test_neuron_lowers_mx_for_every_generation(variant):
-    backend("neuron")
-    program = quantize_program((4, 64), torch.bfloat16, "e2m1", -1, "rceil")
-    lowered = _neuron_lower(variant)(program)
-    assert not lowered.payload.programs[0].findings
-
-
-def test_neuron_manifest_records_the_mx_lowering(neuron_table):
-    program, _, _, out = neuron_table
-    manifest = json.loads((out / "manifest.json").read_text())
-    n = sum(1 for node in program.graph.nodes if node.target in (Q_OP, DQ_OP))
-    assert manifest["mx"]["ops"] == n
-    assert manifest["mx"]["by_op"] == {
-        "portable.mx_dequantize.default": sum(1 for x in program.graph.nodes if x.target == DQ_OP),
-        "portable.mx_quantize.default": sum(1 for x in program.graph.nodes if x.target == Q_OP),
-    }
-    assert manifest["mx"]["lowering"] == "emulated-hlo"
-    assert "QuantizeMX" in manifest["mx"]["reason"]
-
-
-def test_neuron_manifest_has_no_mx_field_without_mx_ops(tmp_path):
-    backend("neuron")
-    spec = TensorSpec((4, 8), torch.float32)
-
-    def build(g, ph):
-        node = g.call_function(torch.ops.aten.neg.default, (ph[0],))
-        node.meta["tensor"] = spec
-        return [(node, spec)]
-
-    portable.lower(_program("neg", [spec], build), "neuron:trn3", tmp_path)
-    assert "mx" not in json.loads((tmp_path / "manifest.json").read_text())
-
-
-def test_neuron_hlo_computes_the_oracle_bytes(neuron_table):
-    program, inputs, lowered, _ = neuron_table
-    got = _run_hlo(lowered.payload.programs[0].hlo, inputs)
-    want = _oracle(program, inputs)
-    assert len(got) == len(want)
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        assert same_bits(g, w) if w.is_floating_point() else torch.equal(g, w), i

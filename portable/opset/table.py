@@ -1,10 +1,11 @@
 """The opset table: every op a portable program may contain, declared as data.
 
-Each entry: `name` (the torch op overload, `aten.add.Tensor` / `portable.attention`), `dtypes`
-(the input dtype class it accepts), `shape` (its shape rule, by name; the verifier evaluates it
-with the op's fake kernel), and one line of `semantics`. The signature is the op's registered
-schema. The core families are here; later ones are modules of `families/`. `docs/opset.md` is
-generated from this table (`python -m portable.opset.docs`).
+Each entry: `name` (the torch op overload, `aten.add.Tensor` / `portable.attention`), `dtypes` (the
+input dtype class it accepts), `shape` (its shape rule, by name; the verifier evaluates it with the
+op's fake kernel), and one line of `semantics`. The signature is the op's registered schema. The
+core ATen families are here, the `portable::` ops' entries in portable_entries.py, later ATen
+families in `families/`. `docs/opset.md` is generated from this table (`python -m
+portable.opset.docs`).
 
 Versioning: OPSET_VERSION is `MAJOR.MINOR`. Adding ops bumps MINOR; changing or removing one bumps
 MAJOR. Archives record the version they were written with; a reader accepts any MINOR of its MAJOR
@@ -42,6 +43,7 @@ from .entry import (  # noqa: F401 (re-exported: passes import trait names from 
 )
 from .entry import entry as _e
 from .families import FAMILIES
+from .portable_entries import PORTABLE
 
 OPSET_VERSION = "1.4"
 
@@ -452,90 +454,6 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.repeat.default", ANY, "view", "tile x `repeats` times along each dim"),
 )
 
-_PORTABLE: tuple[OpDef, ...] = (
-    _e(
-        "portable.attention.default",
-        FLOAT,
-        "same",
-        "softmax(q @ k^T * scale + mask) @ v; bool mask keeps True, causal is top-left, kv heads "
-        "repeat for GQA; laid out as SDPA lays it out on CPU",
-    ),
-    _e(
-        "portable.attention_backward.default",
-        FLOAT,
-        "tuple",
-        "(dq, dk, dv) of attention, recomputing the probabilities",
-    ),
-    _e(
-        "portable.attention_backward.mask_grad",
-        FLOAT,
-        "tuple",
-        "(dq, dk, dv, dmask) of attention with a trainable float mask; dmask summed to its shape",
-    ),
-    _e(
-        "portable.scale_mask_softmax.default",
-        FLOAT,
-        "same",
-        "softmax(x * scale + mask) along dim in float32; bool mask keeps True",
-    ),
-    _e(
-        "portable.rms_norm.default",
-        FLOAT,
-        "norm",
-        "x * rsqrt(mean(x^2) + eps) * weight over the normalized dims",
-    ),
-    _e(
-        "portable.rms_norm_backward.default",
-        FLOAT,
-        "tuple",
-        "(dx, dweight) of rms_norm (dweight zeros without weight)",
-    ),
-    _e(
-        "portable.layer_norm.default",
-        FLOAT,
-        "norm",
-        "(x - mean) * rsqrt(var + eps) * weight + bias over the normalized dims",
-    ),
-    _e(
-        "portable.mx_quantize.default",
-        FLOAT,
-        "mx",
-        "OCP MX block quantization: (element codes, E8M0 scale bytes)",
-    ),
-    _e("portable.mx_dequantize.default", UINT8, "mx", "codes * 2^(scale - 127) in dtype"),
-    _e(
-        "portable.all_reduce.default",
-        NUMERIC,
-        "collective",
-        "reduce across the axis's group; every rank gets the result",
-    ),
-    _e(
-        "portable.all_gather.default",
-        ANY,
-        "collective",
-        "concatenate every rank's tensor along dim",
-    ),
-    _e(
-        "portable.reduce_scatter.default",
-        NUMERIC,
-        "collective",
-        "reduce across the group, each rank keeps its slice along dim",
-    ),
-    _e(
-        "portable.all_to_all.default",
-        ANY,
-        "collective",
-        "split along split_dim, exchange, concatenate along concat_dim",
-    ),
-    _e(
-        "portable.local_shard.default",
-        ANY,
-        "collective",
-        "this rank's chunk along dim of a value replicated over the axis (no communication)",
-    ),
-    _e("portable.wait.default", ANY, "same", "the completed value of an asynchronous collective"),
-)
-
 
 def _section(entries: tuple[OpDef, ...], first: str, last: str) -> tuple[str, ...]:
     names = [e.name for e in entries]
@@ -609,7 +527,7 @@ def _with_traits(entries: tuple[OpDef, ...]) -> dict[str, OpDef]:
 @functools.cache
 def opset_table() -> dict[str, OpDef]:
     """name -> OpDef for every op in the opset (the portable:: ops are defined on import)."""
-    return _with_traits((*_ATEN, *(e for family in FAMILIES for e in family.ENTRIES), *_PORTABLE))
+    return _with_traits((*_ATEN, *(e for family in FAMILIES for e in family.ENTRIES), *PORTABLE))
 
 
 @functools.cache

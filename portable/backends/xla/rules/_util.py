@@ -63,6 +63,34 @@ def opmath(dtype):
     return jnp.float32 if jnp.dtype(dtype) in _HALF else dtype
 
 
+def scalar_like(value, like):
+    """`value` as a 0-d array of `like`'s dtype (a bare Python float would enter jnp.where as
+    float64, which neuron lacks)."""
+    return jnp.asarray(value, like.dtype)
+
+
+def opmath_unary(fn):
+    """A rule computing the float kernel `fn` in opmath (float32 for bfloat16/float16) and
+    rounding once to the recorded result dtype."""
+
+    def rule(ctx, x):
+        dtype = out_dtype(ctx)
+        return fn(as_array(x, opmath(dtype))).astype(dtype)
+
+    return rule
+
+
+def opmath_binary(fn):
+    """`opmath_unary` for a two-operand kernel on the promoted dtype."""
+
+    def rule(ctx, x, y):
+        dtype = out_dtype(ctx)
+        compute = opmath(dtype)
+        return fn(as_array(x, compute), as_array(y, compute)).astype(dtype)
+
+    return rule
+
+
 def rounded(x, dtype):
     """`x` (opmath) rounded to `dtype`'s precision and kept in x's dtype: where torch's kernel
     stores an intermediate in a half type. A convert pair would not do: XLA drops the

@@ -12,7 +12,8 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 
 from . import RULES
-from .special import _const, _polevl, _unary
+from ._util import opmath_unary, scalar_like
+from .special import _polevl
 
 # --------------------------------------------------------------------------- modified Bessel
 # torch's modified_bessel_* kernels (Cephes): Chebyshev series (Clenshaw's recurrence, `_chbevl`)
@@ -102,10 +103,10 @@ _K1_B = (
 
 def _chbevl(y, coefficients):
     """Cephes' chbevl: the Chebyshev series sum' c_k T_k(y / 2) by Clenshaw's recurrence."""
-    b0, b1, b2 = _const(coefficients[0], y), jnp.zeros_like(y), jnp.zeros_like(y)
+    b0, b1, b2 = scalar_like(coefficients[0], y), jnp.zeros_like(y), jnp.zeros_like(y)
     for c in coefficients[1:]:
         b2, b1 = b1, b0
-        b0 = y * b1 - b2 + _const(c, y)
+        b0 = y * b1 - b2 + scalar_like(c, y)
     return 0.5 * (b0 - b2)
 
 
@@ -116,22 +117,22 @@ def _bessel_k(order: int, scaled: bool) -> Callable[..., jax.Array]:
     a_coef, b_coef = (_K0_A, _K0_B) if order == 0 else (_K1_A, _K1_B)
 
     def fn(x):
-        small = jnp.minimum(x, _const(2, x))
+        small = jnp.minimum(x, scalar_like(2, x))
         series = _chbevl(small * small - 2, a_coef)
         log = jnp.log(0.5 * small)
         if order == 0:
             near = series - log * jss.i0(small)
         else:
             near = log * jss.i1(small) + series / small
-        big = jnp.maximum(x, _const(2, x))
+        big = jnp.maximum(x, scalar_like(2, x))
         far = _chbevl(8 / big - 2, b_coef) / jnp.sqrt(big)
         if scaled:
             near = near * jnp.exp(small)
         else:
             far = jnp.exp(-big) * far
         y = jnp.where(x <= 2, near, far)
-        y = jnp.where(x == 0, _const(jnp.inf, x), y)
-        return jnp.where(x < 0, _const(jnp.nan, x), y)
+        y = jnp.where(x == 0, scalar_like(jnp.inf, x), y)
+        return jnp.where(x < 0, scalar_like(jnp.nan, x), y)
 
     return fn
 
@@ -139,9 +140,9 @@ def _bessel_k(order: int, scaled: bool) -> Callable[..., jax.Array]:
 def _spherical_j0(x):
     # torch: 0 at +-inf; below 1/2 the Taylor series of sin(x) / x to x^12, else sin(x) / x
     z = x * x
-    series = _const(1 / 6227020800.0, x)
+    series = scalar_like(1 / 6227020800.0, x)
     for c in (-1 / 39916800.0, 1 / 362880.0, -1 / 5040.0, 1 / 120.0, -1 / 6.0):
-        series = _const(c, x) + z * series
+        series = scalar_like(c, x) + z * series
     series = 1 + z * series
     y = jnp.where(jnp.abs(x) < 0.5, series, jnp.sin(x) / x)
     return jnp.where(jnp.isinf(x), jnp.zeros_like(x), y)
@@ -156,7 +157,7 @@ for _name, _fn in {
     "aten.special_scaled_modified_bessel_k1.default": _bessel_k(1, scaled=True),
     "aten.special_spherical_bessel_j0.default": _spherical_j0,
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 
 # --------------------------------------------------------------------------- Bessel J0, J1, Y0, Y1
@@ -319,52 +320,58 @@ def _hankel(x: jax.Array, order: int, second: bool) -> jax.Array:
     z = 25 / (x * x) if order == 0 else (5 / x) * (5 / x)
     p = _polevl(z, pp) / _polevl(z, pq)
     q = 5 / x * (_polevl(z, qp) / _polevl(z, qq))
-    shifted = x - _const(math.pi / 4 if order == 0 else 3 * math.pi / 4, x)
+    shifted = x - scalar_like(math.pi / 4 if order == 0 else 3 * math.pi / 4, x)
     if second:
         y = p * jnp.sin(shifted) + q * jnp.cos(shifted)
     else:
         y = p * jnp.cos(shifted) - q * jnp.sin(shifted)
-    return y * _const(_SQRT_TWO_OVER_PI, x) / jnp.sqrt(x)
+    return y * scalar_like(_SQRT_TWO_OVER_PI, x) / jnp.sqrt(x)
 
 
 def _j0(x):
     x = jnp.abs(x)
-    small = jnp.minimum(x, _const(5, x))
+    small = jnp.minimum(x, scalar_like(5, x))
     z = small * small
-    near = (z - _const(5.78318596294678452118, x)) * (z - _const(30.4712623436620863991, x))
+    near = (z - scalar_like(5.78318596294678452118, x)) * (
+        z - scalar_like(30.4712623436620863991, x)
+    )
     near = near * _polevl(z, _J0_RP) / _polevl(z, _J0_RQ)
     near = jnp.where(small < 1e-5, 1 - small * small / 4, near)
-    return jnp.where(x <= 5, near, _hankel(jnp.maximum(x, _const(5, x)), 0, second=False))
+    return jnp.where(x <= 5, near, _hankel(jnp.maximum(x, scalar_like(5, x)), 0, second=False))
 
 
 def _j1(x):
     a = jnp.abs(x)
-    small = jnp.minimum(a, _const(5, a))
+    small = jnp.minimum(a, scalar_like(5, a))
     z = small * small
     near = _polevl(z, _J1_RP) / _polevl(z, _J1_RQ) * small
-    near = near * (z - _const(14.6819706421238932572, a)) * (z - _const(49.2184563216946036703, a))
-    y = jnp.where(a <= 5, near, _hankel(jnp.maximum(a, _const(5, a)), 1, second=False))
+    near = (
+        near
+        * (z - scalar_like(14.6819706421238932572, a))
+        * (z - scalar_like(49.2184563216946036703, a))
+    )
+    y = jnp.where(a <= 5, near, _hankel(jnp.maximum(a, scalar_like(5, a)), 1, second=False))
     return jnp.where(x < 0, -y, y)
 
 
 def _y0(x):
-    small = jnp.clip(x, _const(1e-30, x), _const(5, x))
+    small = jnp.clip(x, scalar_like(1e-30, x), scalar_like(5, x))
     z = small * small
     near = _polevl(z, _Y0_YP) / _polevl(z, _Y0_YQ)
-    near = near + _const(_TWO_OVER_PI, x) * jnp.log(small) * _j0(small)
-    y = jnp.where(x <= 5, near, _hankel(jnp.maximum(x, _const(5, x)), 0, second=True))
-    y = jnp.where(x < 0, _const(jnp.nan, x), y)
-    return jnp.where(x == 0, _const(-jnp.inf, x), y)
+    near = near + scalar_like(_TWO_OVER_PI, x) * jnp.log(small) * _j0(small)
+    y = jnp.where(x <= 5, near, _hankel(jnp.maximum(x, scalar_like(5, x)), 0, second=True))
+    y = jnp.where(x < 0, scalar_like(jnp.nan, x), y)
+    return jnp.where(x == 0, scalar_like(-jnp.inf, x), y)
 
 
 def _y1(x):
-    small = jnp.clip(x, _const(1e-30, x), _const(5, x))
+    small = jnp.clip(x, scalar_like(1e-30, x), scalar_like(5, x))
     z = small * small
     near = small * (_polevl(z, _Y1_YP) / _polevl(z, _Y1_YQ))
-    near = near + _const(_TWO_OVER_PI, x) * (_j1(small) * jnp.log(small) - 1 / small)
-    y = jnp.where(x <= 5, near, _hankel(jnp.maximum(x, _const(5, x)), 1, second=True))
-    y = jnp.where(x < 0, _const(jnp.nan, x), y)
-    return jnp.where(x == 0, _const(-jnp.inf, x), y)
+    near = near + scalar_like(_TWO_OVER_PI, x) * (_j1(small) * jnp.log(small) - 1 / small)
+    y = jnp.where(x <= 5, near, _hankel(jnp.maximum(x, scalar_like(5, x)), 1, second=True))
+    y = jnp.where(x < 0, scalar_like(jnp.nan, x), y)
+    return jnp.where(x == 0, scalar_like(-jnp.inf, x), y)
 
 
 for _name, _fn in {
@@ -373,7 +380,7 @@ for _name, _fn in {
     "aten.special_bessel_y0.default": _y0,
     "aten.special_bessel_y1.default": _y1,
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 
 # --------------------------------------------------------------------------- Airy Ai
@@ -460,27 +467,27 @@ def _thirds(v):
 
 
 def _airy_ai(x):
-    inv_sqrt_pi = _const(5.64189583547756286948e-01, x)
+    inv_sqrt_pi = scalar_like(5.64189583547756286948e-01, x)
     # x < -2.09
-    neg = jnp.minimum(x, _const(-2.09, x))
+    neg = jnp.minimum(x, scalar_like(-2.09, x))
     zeta = _thirds(-2 * neg * jnp.sqrt(-neg))
     z = 1 / zeta
     zz = z * z
-    t = zeta + _const(0.25 * math.pi, x)
+    t = zeta + scalar_like(0.25 * math.pi, x)
     f = 1 + zz * _polevl(zz, _AIRY_AFN) / _polevl(zz, _AIRY_AFD)
     g = z * _polevl(zz, _AIRY_AGN) / _polevl(zz, _AIRY_AGD)
     oscillating = inv_sqrt_pi / jnp.sqrt(jnp.sqrt(-neg)) * (jnp.sin(t) * f - jnp.cos(t) * g)
     # x >= 2.09
-    pos = jnp.clip(x, _const(2.09, x), _const(103.892, x))
+    pos = jnp.clip(x, scalar_like(2.09, x), scalar_like(103.892, x))
     zeta = _thirds(2 * pos * jnp.sqrt(pos))
     ratio = _polevl(1 / zeta, _AIRY_AN) / _polevl(1 / zeta, _AIRY_AD)
     decaying = inv_sqrt_pi * ratio / (2 * jnp.sqrt(jnp.sqrt(pos)) * jnp.exp(zeta))
     # |x| < 2.09: the series, as torch's loop (k counts 1, 2, 3 per term)
-    s = jnp.clip(x, _const(-2.09, x), _const(2.09, x))
+    s = jnp.clip(x, scalar_like(-2.09, x), scalar_like(2.09, x))
     cube = s * s * s
     f, g, m, n, k = jnp.ones_like(s), s, jnp.ones_like(s), s, jnp.ones_like(s)
     going = jnp.ones(s.shape, jnp.bool_)
-    eps = _const(jnp.finfo(x.dtype).eps, x)
+    eps = scalar_like(jnp.finfo(x.dtype).eps, x)
     for _ in range(_AIRY_TERMS):
         m2 = m * cube / (k + 1)
         n2 = n * cube / (k + 2)
@@ -490,10 +497,12 @@ def _airy_ai(x):
         f, g = jnp.where(going, f + m2, f), jnp.where(going, g + n2, g)
         k = jnp.where(going, k + 3, k)
         going = going & (jnp.abs(m / f) > eps)
-    series = _const(0.355028053887817239260, x) * f - _const(0.258819403792806798405, x) * g
+    series = (
+        scalar_like(0.355028053887817239260, x) * f - scalar_like(0.258819403792806798405, x) * g
+    )
     y = jnp.where(x < -2.09, oscillating, jnp.where(x >= 2.09, decaying, series))
     y = jnp.where(x > 103.892, jnp.zeros_like(x), y)
-    return jnp.where(jnp.isinf(x), _const(jnp.nan, x), y)
+    return jnp.where(jnp.isinf(x), scalar_like(jnp.nan, x), y)
 
 
-RULES.register("aten.special_airy_ai.default")(_unary(_airy_ai))
+RULES.register("aten.special_airy_ai.default")(opmath_unary(_airy_ai))

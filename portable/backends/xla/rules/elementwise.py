@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from . import RULES
-from ._util import as_array, opmath, out_dtype, torch_result_dtype
+from ._util import as_array, opmath, opmath_unary, out_dtype, torch_result_dtype
 
 
 def _binary(fn):
@@ -62,14 +62,6 @@ def div_mode(ctx, x, y, *, rounding_mode=None):
     return jnp.trunc(q) if rounding_mode == "trunc" else jnp.floor(q)
 
 
-def _unary(fn):
-    def rule(ctx, x):
-        dtype = out_dtype(ctx)
-        return fn(as_array(x, opmath(dtype))).astype(dtype)
-
-    return rule
-
-
 for _name, _fn in {
     "aten.neg.default": jnp.negative,
     "aten.abs.default": jnp.abs,
@@ -86,7 +78,7 @@ for _name, _fn in {
     "aten.relu.default": jax.nn.relu,
     "aten.silu.default": lambda x: x / (1 + jnp.exp(-x)),  # torch: x / (1 + exp(-x))
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 # torch's pow(Tensor, Scalar) kernel special-cases these float exponents (exact forms, not exp/log)
 _POW_SPECIAL = {

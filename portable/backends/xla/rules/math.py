@@ -17,25 +17,8 @@ import jax
 import jax.numpy as jnp
 
 from . import RULES
-from ._util import as_array, opmath, out_dtype
+from ._util import as_array, opmath, opmath_binary, opmath_unary, out_dtype, scalar_like
 from .elementwise import clamp
-
-
-def _unary(fn):
-    """A float kernel computed in opmath (float32 for bfloat16/float16) and rounded once."""
-
-    def rule(ctx, x):
-        dtype = out_dtype(ctx)
-        return fn(as_array(x, opmath(dtype))).astype(dtype)
-
-    return rule
-
-
-def _const(value, like):
-    """`value` as a 0-d array of `like`'s dtype (a bare Python float would enter jnp.where as
-    float64, which neuron lacks)."""
-    return jnp.asarray(value, like.dtype)
-
 
 for _name, _fn in {
     "aten.log1p.default": jnp.log1p,
@@ -43,7 +26,7 @@ for _name, _fn in {
     "aten.log2.default": jnp.log2,
     "aten.log10.default": jnp.log10,
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 
 @RULES.register("aten.sign.default")
@@ -112,7 +95,7 @@ for _name, _fn in {
     "aten.atanh.default": jnp.arctanh,
     "aten.erfc.default": jax.scipy.special.erfc,
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 
 def _hyperbolic(odd: bool) -> Callable[..., jax.Array]:
@@ -123,7 +106,7 @@ def _hyperbolic(odd: bool) -> Callable[..., jax.Array]:
     def fn(x):
         a = jnp.abs(x)
         big = a >= math.floor(math.log(float(jnp.finfo(x.dtype).max)))
-        e = jnp.exp(jnp.where(big, _const(0, a), a))
+        e = jnp.exp(jnp.where(big, scalar_like(0, a), a))
         half = jnp.exp(a / 2)
         y = jnp.where(big, (0.5 * half) * half, 0.5 * e + (-0.5 if odd else 0.5) / e)
         if not odd:
@@ -134,19 +117,8 @@ def _hyperbolic(odd: bool) -> Callable[..., jax.Array]:
     return fn
 
 
-RULES.register("aten.sinh.default")(_unary(_hyperbolic(odd=True)))
-RULES.register("aten.cosh.default")(_unary(_hyperbolic(odd=False)))
-
-
-def _binary(fn):
-    """A two-operand kernel on the promoted dtype, computed in opmath and rounded once."""
-
-    def rule(ctx, x, y):
-        dtype = out_dtype(ctx)
-        compute = opmath(dtype)
-        return fn(as_array(x, compute), as_array(y, compute)).astype(dtype)
-
-    return rule
+RULES.register("aten.sinh.default")(opmath_unary(_hyperbolic(odd=True)))
+RULES.register("aten.cosh.default")(opmath_unary(_hyperbolic(odd=False)))
 
 
 _BINARY: dict[tuple[str, ...], Callable[..., jax.Array]] = {
@@ -159,7 +131,7 @@ _BINARY: dict[tuple[str, ...], Callable[..., jax.Array]] = {
     ("aten.bitwise_xor.Tensor",): jnp.bitwise_xor,
 }
 for _names, _binary_fn in _BINARY.items():
-    RULES.register(*_names)(_binary(_binary_fn))
+    RULES.register(*_names)(opmath_binary(_binary_fn))
 
 RULES.register("aten.clamp.Tensor")(clamp)  # scalar and tensor bounds lower alike
 
@@ -193,7 +165,7 @@ def exp2(ctx, x):
     dtype = out_dtype(ctx)
     compute = opmath(dtype)
     x = as_array(x, compute)
-    bound = _const(2 * (jnp.finfo(compute).maxexp - 2), x)
+    bound = scalar_like(2 * (jnp.finfo(compute).maxexp - 2), x)
     x = jnp.clip(x, -bound, bound)
     n = jnp.round(x)
     return _scale2(jnp.exp2(x - n), n).astype(dtype)
@@ -234,8 +206,8 @@ def erfinv(ctx, y):
         tail_residual = jnp.sign(y) * ((1 - ay) - jax.scipy.special.erfc(jnp.abs(x)))
         residual = jnp.where(ay <= 0.7, jax.scipy.special.erf(x) - y, tail_residual)
         x = x - residual / (slope * jnp.exp(-x * x))
-    x = jnp.where(ay == 1, jnp.copysign(_const(jnp.inf, y), y), x)
-    return jnp.where(ay > 1, _const(jnp.nan, y), x).astype(dtype)
+    x = jnp.where(ay == 1, jnp.copysign(scalar_like(jnp.inf, y), y), x)
+    return jnp.where(ay > 1, scalar_like(jnp.nan, y), x).astype(dtype)
 
 
 # torch's calc_digamma: psi(x) = psi(1 - x) - pi / tan(pi x) below 0, psi(x) = psi(x + 1) - 1 / x
@@ -264,14 +236,14 @@ def digamma(ctx, x):
         acc = jnp.where(push, acc - 1 / z, acc)
         z = jnp.where(push, z + 1, z)
     zz = 1 / (z * z)
-    series = jnp.where(z < 1e17, zz * _polevl(zz, _DIGAMMA_A), _const(0, x))
+    series = jnp.where(z < 1e17, zz * _polevl(zz, _DIGAMMA_A), scalar_like(0, x))
     psi = jnp.where(z == 10, acc + _PSI_10, acc + jnp.log(z) - 0.5 / z - series)
     # tan(pi x) = tan(pi r), r = x - round(x) exact in [-0.5, 0.5]: pi r rounds relative to r, so
     # near the poles this is as good as torch's double-precision tan
     r = x - jnp.round(x)
     psi = jnp.where(negative, psi - jnp.pi / jnp.tan(jnp.pi * r), psi)
-    psi = jnp.where(negative & (x == jnp.trunc(x)), _const(jnp.nan, x), psi)
-    return jnp.where(x == 0, jnp.copysign(_const(jnp.inf, x), -x), psi).astype(dtype)
+    psi = jnp.where(negative & (x == jnp.trunc(x)), scalar_like(jnp.nan, x), psi)
+    return jnp.where(x == 0, jnp.copysign(scalar_like(jnp.inf, x), -x), psi).astype(dtype)
 
 
 # lgamma(2 + t) = t * Q(t) on [-0.5, 0.5]: Q interpolated at 10 Chebyshev nodes (mpmath, 40
@@ -296,12 +268,12 @@ def _lgamma_positive(x):
     recurrence lgamma(x) = lgamma(x - 1) + log(x - 1) moves x into [0, 2.5), where
     lgamma(2 + t) = t Q(t) with t = x - 2, x - 1 or x (exact) and log terms for the rest."""
     big = x >= 13
-    s = jnp.where(big, x, _const(13, x))
+    s = jnp.where(big, x, scalar_like(13, x))
     inv = 1 / s
     inv2 = inv * inv
     series = inv * (1 / 12 - inv2 * (1 / 360 - inv2 / 1260))
     stirling = (s - 0.5) * (jnp.log(s) - 1) + (_HALF_LOG_2PI - 0.5) + series
-    u = jnp.where(big, _const(2, x), x)
+    u = jnp.where(big, scalar_like(2, x), x)
     product = jnp.ones_like(x)
     for _ in range(11):  # 13 - 11 = 2 < 2.5
         down = u >= 2.5
@@ -310,7 +282,7 @@ def _lgamma_positive(x):
     t = jnp.where(u >= 1.5, u - 2, jnp.where(u >= 0.5, u - 1, u))
     # lgamma(u) = lgamma(2 + t) - log(u) (u in [0.5, 1.5)) or - log(u) - log(u + 1) (u < 0.5)
     below = jnp.where(u >= 0.5, jnp.log1p(t), jnp.log(u) + jnp.log1p(u))
-    small = t * _polevl(t, _LGAMMA_Q) - jnp.where(u >= 1.5, _const(0, x), below)
+    small = t * _polevl(t, _LGAMMA_Q) - jnp.where(u >= 1.5, scalar_like(0, x), below)
     return jnp.where(big, stirling, small + jnp.log(product))
 
 
@@ -321,7 +293,7 @@ def _lgamma_f32(x):
     sine = jnp.abs(jnp.sin(jnp.pi * (x - jnp.round(x))))
     reflected = math.log(math.pi) - jnp.log(a) - jnp.log(sine) - positive
     y = jnp.where(x < 0, reflected, positive)
-    return jnp.where(jnp.isinf(x), _const(jnp.inf, x), y)
+    return jnp.where(jnp.isinf(x), scalar_like(jnp.inf, x), y)
 
 
 @RULES.register("aten.lgamma.default")

@@ -17,7 +17,7 @@ import numpy as np
 from portable.backends import sampling
 
 from . import RULES
-from ._util import PRECISION, matmul, opmath, out_dtype, out_shape, unsupported
+from ._util import PRECISION, matmul, opmath, out_dtype, out_shape, scalar_like, unsupported
 from .resample import _grad_to_indices, _max_of_taps
 
 # --------------------------------------------------------------------------- matrix products
@@ -262,18 +262,14 @@ _BILINEAR, _NEAREST, _BICUBIC = 0, 1, 2
 _ZEROS, _BORDER, _REFLECTION = 0, 1, 2
 
 
-def _const(value, like):
-    return jnp.asarray(value, like.dtype)
-
-
 def _unnormalize(coord, size, align_corners, vectorized):
     if vectorized:  # (in + 1) * scale (- 0.5), scale (size - 1) / 2 or size / 2
         if align_corners:
-            return (coord + 1) * _const((size - 1) / 2, coord)
-        return (coord + 1) * _const(size / 2, coord) - _const(0.5, coord)
+            return (coord + 1) * scalar_like((size - 1) / 2, coord)
+        return (coord + 1) * scalar_like(size / 2, coord) - scalar_like(0.5, coord)
     if align_corners:
-        return (coord + 1) / 2 * _const(size - 1, coord)
-    return ((coord + 1) * _const(size, coord) - 1) / 2
+        return (coord + 1) / 2 * scalar_like(size - 1, coord)
+    return ((coord + 1) * scalar_like(size, coord) - 1) / 2
 
 
 def _clip(coord, size):
@@ -291,14 +287,14 @@ def _reflect(coord, size, align_corners, vectorized):
     if span <= 0:
         return jnp.zeros_like(coord)
     if vectorized:  # |in - low| less its whole double spans, folded once: min(e, 2 span - e)
-        twice = _const(2 * span, coord)
-        folded = jnp.abs(coord - _const(low, coord))
+        twice = scalar_like(2 * span, coord)
+        folded = jnp.abs(coord - scalar_like(low, coord))
         extra = folded - jnp.trunc(folded / twice) * twice
-        return jnp.minimum(extra, twice - extra) + _const(low, coord)
-    low_, span_ = _const(low, coord), _const(span, coord)
+        return jnp.minimum(extra, twice - extra) + scalar_like(low, coord)
+    low_, span_ = scalar_like(low, coord), scalar_like(span, coord)
     folded = jnp.abs(coord - low_)
     extra = jnp.fmod(folded, span_)
-    even = jnp.fmod(jnp.floor(folded / span_), _const(2, coord)) == 0
+    even = jnp.fmod(jnp.floor(folded / span_), scalar_like(2, coord)) == 0
     return jnp.where(even, extra + low_, span_ - extra + low_)
 
 

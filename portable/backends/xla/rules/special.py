@@ -21,35 +21,16 @@ import jax.numpy as jnp
 import jax.scipy.special as jss
 
 from . import RULES
-from ._util import as_array, opmath, out_dtype, unsupported
+from ._util import (
+    as_array,
+    opmath,
+    opmath_binary,
+    opmath_unary,
+    out_dtype,
+    scalar_like,
+    unsupported,
+)
 from .math import _scale2, digamma
-
-
-def _const(value, like):
-    """`value` as a 0-d array of `like`'s dtype (never a float64 Python scalar)."""
-    return jnp.asarray(value, like.dtype)
-
-
-def _unary(fn):
-    """A float kernel computed in opmath and rounded once to the recorded result dtype."""
-
-    def rule(ctx, x):
-        dtype = out_dtype(ctx)
-        return fn(as_array(x, opmath(dtype))).astype(dtype)
-
-    return rule
-
-
-def _binary(fn):
-    """A two-operand float kernel on the promoted dtype, computed in opmath, rounded once."""
-
-    def rule(ctx, x, y):
-        dtype = out_dtype(ctx)
-        compute = opmath(dtype)
-        return fn(as_array(x, compute), as_array(y, compute)).astype(dtype)
-
-    return rule
-
 
 for _name, _fn in {
     "aten.i0.default": jss.i0,
@@ -57,7 +38,7 @@ for _name, _fn in {
     "aten.special_i1e.default": jax.lax.bessel_i1e,
     "aten.special_ndtri.default": jss.ndtri,
 }.items():
-    RULES.register(_name)(_unary(_fn))
+    RULES.register(_name)(opmath_unary(_fn))
 
 
 def _erfcx(x):
@@ -66,22 +47,22 @@ def _erfcx(x):
     # x^2 split exactly into p + e (Dekker) times XLA's erfc (whose own exp(-x^2) is off past 3).
     # x < 0 as torch: 2 exp(x * x) - erfcx(-x) (its rounded x * x included), inf below -26.7
     a = jnp.abs(x)
-    c = _const(4097.0, a) * a
+    c = scalar_like(4097.0, a) * a
     hi = c - (c - a)
     lo = a - hi
     p = a * a
     e = ((hi * hi - p) + 2 * hi * lo) + lo * lo
     small = jnp.exp(p) * (1 + e) * jss.erfc(a)
-    b = jnp.maximum(a, _const(1, a))
+    b = jnp.maximum(a, scalar_like(1, a))
     d = b
     for k in range(60, 0, -1):
-        d = b + _const(k / 2, b) / d
-    positive = jnp.where(a < 1, small, _const(1 / math.sqrt(math.pi), d) / d)
-    negative = jnp.where(x < -26.7, _const(jnp.inf, x), 2 * jnp.exp(x * x) - positive)
+        d = b + scalar_like(k / 2, b) / d
+    positive = jnp.where(a < 1, small, scalar_like(1 / math.sqrt(math.pi), d) / d)
+    negative = jnp.where(x < -26.7, scalar_like(jnp.inf, x), 2 * jnp.exp(x * x) - positive)
     return jnp.where(x < 0, negative, positive)
 
 
-RULES.register("aten.special_erfcx.default")(_unary(_erfcx))
+RULES.register("aten.special_erfcx.default")(opmath_unary(_erfcx))
 
 
 @RULES.register("aten.special_i0e.default")
@@ -105,14 +86,16 @@ def _trigamma(x):
     # torch's float trigamma: reflection below 0.5 (pi^2 / sin^2(pi x), x -> 1 - x), six steps of
     # psi1(x) = psi1(x + 1) + 1 / x^2, then the asymptotic series
     reflect = x < 0.5
-    s = jnp.sin(_const(math.pi, x) * x)
-    result = jnp.where(reflect, -_const(math.pi * math.pi, x) / (s * s), _const(0, x))
+    s = jnp.sin(scalar_like(math.pi, x) * x)
+    result = jnp.where(reflect, -scalar_like(math.pi * math.pi, x) / (s * s), scalar_like(0, x))
     z = jnp.where(reflect, 1 - x, x)
     for _ in range(6):
         result = result + 1 / (z * z)
         z = z + 1
     ixx = 1 / (z * z)
-    tail = ixx * (_const(1 / 6, x) - ixx * (_const(1 / 30, x) - ixx * _const(1 / 42, x)))
+    tail = ixx * (
+        scalar_like(1 / 6, x) - ixx * (scalar_like(1 / 30, x) - ixx * scalar_like(1 / 42, x))
+    )
     result = result + (1 + 1 / (2 * z) + tail) / z
     return jnp.where(reflect, -result, result)
 
@@ -136,28 +119,28 @@ def _polygamma_n(n: int, x: jax.Array) -> jax.Array:
     cancellation of the zeta sum at x < 0: there the reflection psi_n(x) = (-1)^n psi_n(1 - x) -
     pi^(n+1) Q_n(cot(pi x)), 1 - x > 1 by XLA's zeta (torch's Cephes form); inf at 0 and the
     negative integers (zeta's pole, times the sign of (-1)^(n+1))."""
-    factor = _const((1.0 if n % 2 else -1.0) * math.factorial(n), x)
-    s = _const(n + 1, x)
+    factor = scalar_like((1.0 if n % 2 else -1.0) * math.factorial(n), x)
+    s = scalar_like(n + 1, x)
     negative = x < 0
     psi = factor * jax.lax.zeta(s, jnp.where(negative, 1 - x, x))
     # r = x - round(x) is exact and cot(pi x) = cot(pi r); past |r| = 1/4, cot(pi r) =
     # sign(r) tan(pi (1/2 - |r|)) with 1/2 - |r| exact, so pi times it rounds relative to it
     r = x - jnp.round(x)
     half = jnp.abs(r) > 0.25
-    pi = _const(math.pi, x)
+    pi = scalar_like(math.pi, x)
     cot = jnp.where(half, jnp.sign(r) * jnp.tan(pi * (0.5 - jnp.abs(r))), 1 / jnp.tan(pi * r))
-    reflected = (-psi if n % 2 else psi) - _const(math.pi ** (n + 1), x) * _polevl(
+    reflected = (-psi if n % 2 else psi) - scalar_like(math.pi ** (n + 1), x) * _polevl(
         cot, _cot_derivative(n)
     )
     y = jnp.where(negative, reflected, psi)
     pole = (x <= 0) & (x == jnp.floor(x))
-    return jnp.where(pole, factor * _const(jnp.inf, x), y)
+    return jnp.where(pole, factor * scalar_like(jnp.inf, x), y)
 
 
 def _polevl(x, coefficients):
     acc = jnp.zeros_like(x)
     for c in coefficients:
-        acc = acc * x + _const(c, x)
+        acc = acc * x + scalar_like(c, x)
     return acc
 
 
@@ -179,7 +162,7 @@ def _igamma(upper: bool) -> Callable[..., jax.Array]:
     # x = 0: P = 0; a = inf: P = 0, NaN for x = inf; x = inf: P = 1), then XLA's igamma(c)
     def fn(a, x):
         a, x = jnp.broadcast_arrays(a, x)
-        nan, one, zero = _const(jnp.nan, a), _const(1, a), _const(0, a)
+        nan, one, zero = scalar_like(jnp.nan, a), scalar_like(1, a), scalar_like(0, a)
         y = jax.lax.igammac(a, x) if upper else jax.lax.igamma(a, x)
         p_edge = jnp.where(jnp.isinf(x), one, y)
         p_edge = jnp.where(jnp.isinf(a), jnp.where(jnp.isinf(x), nan, zero), p_edge)
@@ -193,8 +176,8 @@ def _igamma(upper: bool) -> Callable[..., jax.Array]:
     return fn
 
 
-RULES.register("aten.igamma.default", platform="xla")(_binary(_igamma(upper=False)))
-RULES.register("aten.igammac.default", platform="xla")(_binary(_igamma(upper=True)))
+RULES.register("aten.igamma.default", platform="xla")(opmath_binary(_igamma(upper=False)))
+RULES.register("aten.igammac.default", platform="xla")(opmath_binary(_igamma(upper=True)))
 
 
 # --------------------------------------------------------------------------- float bit helpers
@@ -238,7 +221,7 @@ def ldexp(ctx, x, other):
     dtype = out_dtype(ctx)
     compute = opmath(dtype)
     e = as_array(other, compute)
-    bound = _const(2 * (jnp.finfo(compute).maxexp - 2), e)
+    bound = scalar_like(2 * (jnp.finfo(compute).maxexp - 2), e)
     e = jnp.clip(e, -bound, bound)
     n = jnp.round(e)
     power = _scale2(jnp.exp2(e - n), n).astype(dtype).astype(compute)
@@ -250,7 +233,7 @@ def angle(ctx, x):
     # torch's real angle: NaN stays NaN, pi below 0, 0 elsewhere (-0.0 included)
     dtype = out_dtype(ctx)
     x = as_array(x, dtype)
-    y = jnp.where(x < 0, _const(math.pi, x), _const(0, x))
+    y = jnp.where(x < 0, scalar_like(math.pi, x), scalar_like(0, x))
     return jnp.where(jnp.isnan(x), x, y)
 
 
@@ -272,7 +255,7 @@ def frexp(ctx, x):
 
 def _degree(n):
     """torch's static_cast<int64_t>(n) as a float: truncated, -1 where n is not finite."""
-    return jnp.where(jnp.isfinite(n), jnp.trunc(n), _const(-1, n))
+    return jnp.where(jnp.isfinite(n), jnp.trunc(n), scalar_like(-1, n))
 
 
 def _recurrence(n, p, q, step):
@@ -361,7 +344,9 @@ def _chebyshev(kind: str, shifted: bool) -> Callable[..., jax.Array]:
 
 
 def _hermite_limit(x, n, y):
-    return jnp.where(n > 128, _const(jnp.nan, x), y)  # torch's float kernels: NaN past degree 128
+    return jnp.where(
+        n > 128, scalar_like(jnp.nan, x), y
+    )  # torch's float kernels: NaN past degree 128
 
 
 _POLYNOMIALS = {
@@ -395,4 +380,4 @@ _POLYNOMIALS = {
     ),
 }
 for _name, _poly in _POLYNOMIALS.items():
-    RULES.register(_name, platform="xla")(_binary(_poly))  # names.SPECIAL_XLA
+    RULES.register(_name, platform="xla")(opmath_binary(_poly))  # names.SPECIAL_XLA

@@ -319,7 +319,7 @@ SPATIAL: frozenset[str] = frozenset(  # rules/spatial.py
         "aten._pdist_backward.default",
         "aten._pdist_forward.default",
         "aten._trilinear.default",
-        "aten.adaptive_max_pool3d.default",
+        "aten.adaptive_max_pool3d.default",  # rules/resample.py, beside the 2-d pool
         "aten.adaptive_max_pool3d_backward.default",
         "aten.addbmm.default",
         "aten.addmv.default",

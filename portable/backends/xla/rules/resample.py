@@ -176,15 +176,21 @@ def _scan_sum(taps, dtype):
 # --------------------------------------------------------------------------- adaptive max, 3-d pools
 
 
-@RULES.register("aten.adaptive_max_pool2d.default")
-def adaptive_max_pool2d(ctx, x, output_size):
-    sizes = zip(x.shape[-2:], out_shape(ctx)[-2:], strict=True)
-    return _max_of_taps(ctx, x, [sampling.adaptive_axis(n, o) for n, o in sizes])
+def _adaptive_max_pool(rank: int) -> None:
+    """adaptive_max_pool{rank}d and its backward (2-d: core opset; 3-d: the spatial family)."""
+
+    @RULES.register(f"aten.adaptive_max_pool{rank}d.default")
+    def forward(ctx, x, output_size):
+        sizes = zip(x.shape[-rank:], out_shape(ctx)[-rank:], strict=True)
+        return _max_of_taps(ctx, x, [sampling.adaptive_axis(n, o) for n, o in sizes])
+
+    @RULES.register(f"aten.adaptive_max_pool{rank}d_backward.default")
+    def backward(ctx, grad, x, indices):
+        return _grad_to_indices(ctx, grad, x, indices, rank)
 
 
-@RULES.register("aten.adaptive_max_pool2d_backward.default")
-def adaptive_max_pool2d_backward(ctx, grad, x, indices):
-    return _grad_to_indices(ctx, grad, x, indices, 2)
+_adaptive_max_pool(2)
+_adaptive_max_pool(3)
 
 
 @RULES.register("aten.max_pool3d_with_indices.default")

@@ -14,11 +14,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from portable.backends import sampling
-
 from . import RULES
 from ._util import PRECISION, matmul, opmath, out_dtype, out_shape, scalar_like, unsupported
-from .resample import _grad_to_indices, _max_of_taps
 
 # --------------------------------------------------------------------------- matrix products
 
@@ -235,20 +232,6 @@ def pdist_backward(ctx, grad, x, p, pdist):
         return full + full.T
 
     return _pair_grad(square(grad), x, x, square(pdist), p, dtype).astype(dtype)
-
-
-# --------------------------------------------------------------------------- adaptive max 3-d
-
-
-@RULES.register("aten.adaptive_max_pool3d.default")
-def adaptive_max_pool3d(ctx, x, output_size):
-    sizes = zip(x.shape[-3:], out_shape(ctx)[-3:], strict=True)
-    return _max_of_taps(ctx, x, [sampling.adaptive_axis(n, o) for n, o in sizes])
-
-
-@RULES.register("aten.adaptive_max_pool3d_backward.default")
-def adaptive_max_pool3d_backward(ctx, grad, x, indices):
-    return _grad_to_indices(ctx, grad, x, indices, 3)
 
 
 # --------------------------------------------------------------------------- grid sampling

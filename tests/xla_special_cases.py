@@ -53,6 +53,25 @@ EXACT_SPECIAL = {
     "aten.ldexp.Tensor",
 }
 
+# the Bessel and Airy kernels of torch's special_* namespace (no bfloat16 in torch)
+_BESSEL = (
+    "aten.special_modified_bessel_i0.default",
+    "aten.special_modified_bessel_i1.default",
+    "aten.special_spherical_bessel_j0.default",
+    "aten.special_bessel_j0.default",
+    "aten.special_bessel_j1.default",
+    "aten.special_bessel_y0.default",
+    "aten.special_bessel_y1.default",
+    "aten.special_airy_ai.default",
+)
+_BESSEL_K = (
+    "aten.special_modified_bessel_k0.default",
+    "aten.special_modified_bessel_k1.default",
+    "aten.special_scaled_modified_bessel_k0.default",
+    "aten.special_scaled_modified_bessel_k1.default",
+)
+
+
 _SPECIAL: list = [
     # near a pole, psi_n(x) ~ n! / (x - k)^(n+1): the rounding of pi r in cot(pi r) is amplified
     # (n + 1)-fold, up to 2e-6 relative for n = 4 (torch sums in double)
@@ -81,37 +100,9 @@ _SPECIAL: list = [
     # bfloat16 i0e is refused (rules/special.py): torch's own result depends on the position
     C("aten.special_i0e.default", lambda d: A(wide(d, 4, 8)), (F32,)),
     # the special_* Bessel kernels have no bfloat16 in torch
-    *[
-        C(op, lambda d: A(wide(d, 4, 8)), (F32,))
-        for op in (
-            "aten.special_modified_bessel_i0.default",
-            "aten.special_modified_bessel_i1.default",
-            "aten.special_spherical_bessel_j0.default",
-            "aten.special_bessel_j0.default",
-            "aten.special_bessel_j1.default",
-            "aten.special_bessel_y0.default",
-            "aten.special_bessel_y1.default",
-            "aten.special_airy_ai.default",
-        )
-    ],
-    *[
-        C(op, lambda d: A(pos(d, 4, 8) * 4), (F32,))
-        for op in (
-            "aten.special_modified_bessel_k0.default",
-            "aten.special_modified_bessel_k1.default",
-            "aten.special_scaled_modified_bessel_k0.default",
-            "aten.special_scaled_modified_bessel_k1.default",
-        )
-    ],
-    *[
-        C(op, lambda d: A(vals(d, *_EDGES)), (F32,), "edges")
-        for op in (
-            "aten.special_modified_bessel_k0.default",
-            "aten.special_modified_bessel_k1.default",
-            "aten.special_scaled_modified_bessel_k0.default",
-            "aten.special_scaled_modified_bessel_k1.default",
-        )
-    ],
+    *[C(op, lambda d: A(wide(d, 4, 8)), (F32,)) for op in _BESSEL],
+    *[C(op, lambda d: A(pos(d, 4, 8) * 4), (F32,)) for op in _BESSEL_K],
+    *[C(op, lambda d: A(vals(d, *_EDGES)), (F32,), "edges") for op in _BESSEL_K],
     # torch's CPU kernels of erfcx and ndtri have no bfloat16
     C("aten.special_erfcx.default", lambda d: A(wide(d, 4, 8)), (F32,)),
     *[
@@ -122,14 +113,7 @@ _SPECIAL: list = [
             "aten.special_i1.default",
             "aten.special_i1e.default",
             "aten.special_erfcx.default",
-            "aten.special_modified_bessel_i0.default",
-            "aten.special_modified_bessel_i1.default",
-            "aten.special_spherical_bessel_j0.default",
-            "aten.special_bessel_j0.default",
-            "aten.special_bessel_j1.default",
-            "aten.special_bessel_y0.default",
-            "aten.special_bessel_y1.default",
-            "aten.special_airy_ai.default",
+            *_BESSEL,
         )
     ],
     C(

@@ -62,6 +62,33 @@ def test_compare_reports_first_mismatch_and_errors():
     assert not shape.ok and "shape" in shape.note
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_a_16_bit_result_may_differ_by_its_last_bit_only(dtype):
+    """Two correct float32 computations can round to neighbouring 16-bit values: one step of
+    the result's dtype agrees (at any magnitude, zero included), two steps do not."""
+    want = torch.tensor([0.0, 1e-3, 1.0, 23.875, -300.0, 6e4 if dtype == torch.float16 else 3e38])
+    want = want.to(dtype)
+    up = torch.nextafter(want, torch.full_like(want, float("inf")))
+    assert compare("b", "x", up, want, rtol=0, atol=0).ok
+    twice = torch.nextafter(up, torch.full_like(want, float("inf")))
+    row = compare("b", "x", twice, want, rtol=0, atol=0)
+    assert not row.ok and row.first_mismatch == (0,)
+    wide = compare("b", "x", up.float(), want.float(), rtol=0, atol=0)  # float32: exact
+    assert not wide.ok
+
+
+def test_the_perturbation_moves_every_16_bit_element():
+    """A sub-ulp perturbation of a bfloat16 input rounds back to the input for about half its
+    elements, which would then get no allowance: 16-bit inputs move by one or two whole steps."""
+    from portable.testing.tolerance import perturbed
+
+    x = torch.randn(4096).bfloat16()
+    (moved,) = perturbed([x], torch.Generator().manual_seed(0))
+    assert moved.dtype == x.dtype and bool((moved != x).all())
+    step = (moved.double() - x.double()).abs() / x.double().abs()
+    assert float(step.max()) <= 2 * torch.finfo(x.dtype).eps  # one or two ulps
+
+
 INF, NAN = float("inf"), float("nan")
 # (got, want, first element out of tolerance or None, max abs, max rel) at rtol 1e-5, atol 1e-6
 SPECIAL_VALUES = [

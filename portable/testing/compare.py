@@ -3,9 +3,12 @@
 A float element of `got` agrees with the reference element `want` when
 
     both are NaN, or both are the same infinity, or
-    both are finite and |got - want| <= atol + rtol * |want| + allowance
+    both are finite and |got - want| <= atol + rtol * |want| + allowance (+ ulp)
 
-(`allowance`: an optional per-element widening, see `tolerance.py`). Anything else disagrees: NaN
+(`allowance`: an optional per-element widening, see `tolerance.py`; `ulp`: for a float16 or
+bfloat16 result only, the spacing of that dtype at |want|, the result's final rounding: two
+correct implementations round float32 values that differ in their last float32 bits, or in how
+a Python scalar operand is held, and land one 16-bit step apart). Anything else disagrees: NaN
 against a number, an infinity against the other infinity or a finite value. A complex element
 agrees when its real and its imaginary part both agree by that rule, with `|want|` the complex
 magnitude. Integer and bool tensors must be equal. Shapes and dtypes must be equal.
@@ -68,6 +71,8 @@ def compare(
     if want.is_complex():
         errors = _complex_errors(got, want, rtol, atol, allowance)
     elif want.is_floating_point():
+        if want.element_size() == 2:
+            allowance = _ulp(want) if allowance is None else allowance + _ulp(want)
         errors = _float_errors(got.double(), want.double(), rtol, atol, allowance, want.abs())
     else:
         errors = _exact_errors(got, want)
@@ -99,6 +104,16 @@ def _float_errors(
     if allowance is not None:
         agree = within | (finite & (diff <= bound + allowance.to(bound.device, torch.float64)))
     return _Errors(agree, diff, _relative(diff, magnitude), within)
+
+
+def _ulp(want: torch.Tensor) -> torch.Tensor:
+    """float64 spacing of `want`'s dtype at |want| (the subnormal spacing at zero)."""
+    info = torch.finfo(want.dtype)
+    smallest = info.smallest_normal * info.eps
+    magnitude = want.double().abs()
+    _, exponent = torch.frexp(torch.where(magnitude > 0, magnitude, 1.0))
+    spacing = torch.ldexp(torch.full_like(magnitude, info.eps), exponent - 1)
+    return torch.where(magnitude > 0, spacing, smallest).clamp_min(smallest)
 
 
 def _complex_errors(

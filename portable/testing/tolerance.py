@@ -10,7 +10,8 @@ measures on itself: what rounding alone can make of this program.
 
 - **Spread.** The reference runs a second time from inputs perturbed at rounding level: every
   float weight and float input element multiplied by `1 + u * eps` (`u` uniform in [-1, 1],
-  `eps` the dtype's machine epsilon, a fixed seed). A backward-stable implementation computes the
+  `eps` the dtype's machine epsilon, a fixed seed; `u = +-1` for float16 and bfloat16, so that
+  every element moves by at least one ulp instead of rounding back to itself). A backward-stable implementation computes the
   exact result of inputs perturbed that much, so `SPREAD_FACTOR * |perturbed - reference|` is
   within rounding. This covers outputs and losses whose conditioning amplifies rounding.
 - **Optimizer noise** (training steps). Both runs give each step's gradient (recovered from the
@@ -55,11 +56,15 @@ STEP_KEY = "optimizer.step"
 
 
 def perturbed(values: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
-    """Each float tensor times `1 + u * eps` elementwise (u ~ U[-1, 1]); others unchanged."""
+    """Each float tensor times `1 + u * eps` elementwise, others unchanged: u ~ U[-1, 1], and
+    u = +-1 for a 16-bit dtype, whose rounding back would undo most smaller perturbations (its
+    ulp is a large step: every element must move for each to get its allowance)."""
     out = []
     for value in values:
         if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
             u = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
+            if value.element_size() == 2:
+                u = torch.where(u < 0, -1.0, 1.0).to(u.dtype)
             eps = torch.finfo(value.dtype).eps
             value = (value.double() * (1 + u * eps).to(value.device)).to(value.dtype)
         out.append(value)

@@ -274,20 +274,24 @@ def prod_dim(x, dim: int, keepdim: bool = False, dtype=None):
 
 def var_mean(x, dim=None, correction=None, keepdim: bool = False):
     """(sum((x - mean)^2) / max(0, n - correction), mean); correction defaults to 1. torchlib's
-    rule scales the biased variance by n / (n - correction), negative past n, and fails on 0-d."""
+    rule scales the biased variance by n / (n - correction), negative past n, and fails on 0-d.
+    A 16-bit x is reduced in float32 with the correction unrounded, as torch's kernel (the
+    constant folded to x's type would be rounded: a correction of 1.3 is 1.296875 in bfloat16)."""
     rank = _rank(x)
     c = 1.0 if correction is None else float(correction)
     if rank == 0:  # one element: (x - x)^2 / max(0, 1 - c), NaN for inf or NaN x, as torch
         d = op.Sub(x, x)
         return op.Div(op.Mul(d, d), _like(max(0.0, 1.0 - c), x)), op.Identity(x)
+    wide = op.Cast(x, to=_FLOAT) if _kind(x) in _HALF else x
     axes = _axes(dim, rank)
-    n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(x), _ints(axes), axis=0), keepdims=0), x)
+    n = op.CastLike(op.ReduceProd(op.Gather(op.Shape(x), _ints(axes), axis=0), keepdims=0), wide)
     # sum / n, not ReduceMean: ONNX Runtime's mean of no elements is not torch's NaN (0 / 0)
-    mean = op.Div(op.ReduceSum(x, _ints(axes), keepdims=1), n)
-    d = op.Sub(x, mean)
+    mean = op.Div(op.ReduceSum(wide, _ints(axes), keepdims=1), n)
+    d = op.Sub(wide, mean)
     sq = op.ReduceSum(op.Mul(d, d), _ints(axes), keepdims=int(keepdim))
-    divisor = op.Max(op.Sub(n, _like(c, x)), _like(0.0, x))
-    return op.Div(sq, divisor), (mean if keepdim else op.Squeeze(mean, _ints(axes)))
+    divisor = op.Max(op.Sub(n, _like(c, wide)), _like(0.0, wide))
+    mean = mean if keepdim else op.Squeeze(mean, _ints(axes))
+    return op.CastLike(op.Div(sq, divisor), x), op.CastLike(mean, x)
 
 
 def vector_norm(x, ord=2.0, dim=None, keepdim: bool = False, dtype=None):  # noqa: A002

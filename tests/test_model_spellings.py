@@ -1,6 +1,7 @@
 """The spellings real models write that failed for a missing op before opset 1.3 (log1p, sign,
 flip, expm1, rounding): softplus, logsigmoid, mish, BCE-with-logits, logaddexp, and the training
-steps of abs, l1/smooth-l1 losses, softsign and cumsum, whose backward ops need sign and flip.
+steps of abs, l1/smooth-l1 losses, softsign and cumsum, whose backward ops need sign and flip,
+and of replicate padding.
 Each runs on `cpu` against eager and on `xla` and `onnx` against `cpu` (inference), and its
 training step on `cpu` and `xla` against eager `torch.optim.SGD`."""
 
@@ -71,6 +72,15 @@ _LOSSES = {
     "mish": lambda out, y: (F.mish(out) * y).mean(),
     "softsign": lambda out, y: (F.softsign(out) * y).mean(),
     "cumsum": lambda out, y: (out.cumsum(-1) * y).mean(),
+    # replicate padding (ESRGAN-style conv nets, causal convs): the backward sums each edge's
+    # copies into it (replication_pad*_backward, decomposed at capture)
+    "replicate_pad1d": lambda out, y: (
+        F.pad(out.unsqueeze(1), (3, 2), mode="replicate") * F.pad(y.unsqueeze(1), (3, 2), value=1)
+    ).mean(),
+    "replicate_pad2d": lambda out, y: (
+        F.pad(out.view(1, 4, 8), (1, 2, 2, 1), mode="replicate")
+        * F.pad(y.view(1, 4, 8), (1, 2, 2, 1), mode="reflect")
+    ).mean(),
 }
 
 

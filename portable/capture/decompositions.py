@@ -259,6 +259,30 @@ def _pinv(
     return aten.matmul.default(vh_t * inverse.to(x.dtype).unsqueeze(-2), ut)
 
 
+def _replication_pad_backward(
+    grad_output: torch.Tensor, x: torch.Tensor, padding: list[int]
+) -> torch.Tensor:
+    # replicate padding is one gather per padded dim with clamped indices (core ATen's
+    # decomposition of replication_pad*d); its gradient is the scatter-add of each gather,
+    # last gather first: grad_output's elements summed into the input positions they copy
+    dims = len(padding) // 2
+    leading = x.dim() - dims
+    grad = grad_output
+    for i in reversed(range(dims)):
+        size = x.shape[leading + i]
+        left, right = padding[2 * (dims - 1 - i)], padding[2 * (dims - 1 - i) + 1]
+        index = aten.clamp.default(
+            aten.arange.start_step(-left, size + right, 1, device=x.device), 0, size - 1
+        )
+        shape = list(grad.shape)
+        shape[leading + i] = size
+        zeros = aten.full.default(shape, 0, dtype=grad.dtype, device=grad.device)
+        where: list[torch.Tensor | None] = [None] * grad.dim()
+        where[leading + i] = index
+        grad = aten.index_put.default(zeros, where, grad, True)
+    return grad
+
+
 # ops core ATen keeps whole that the opset spells with other ops
 def _efficient_zeros(
     size: list[int],
@@ -289,6 +313,9 @@ _EXTRA = {
     aten.index_reduce.default: _index_reduce,
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
+    aten.replication_pad1d_backward.default: _replication_pad_backward,
+    aten.replication_pad2d_backward.default: _replication_pad_backward,
+    aten.replication_pad3d_backward.default: _replication_pad_backward,
 }
 
 

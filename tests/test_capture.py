@@ -161,3 +161,38 @@ def test_decorated_factory_function():
     model = spec.build().eval()
     x = spec.inputs()[0]
     assert torch.equal(portable.compile(program)(x), model(x))
+
+
+class _SummedParameters(torch.nn.Module):
+    """Parameters added directly (`a + b`, split biases, a delta on a frozen-shape weight):
+    autograd hands both the same gradient tensor, which AOT autograd's joint export collapsed
+    into one gradient and then failed its own count."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = torch.nn.Parameter(torch.tensor([1.5, 2.0, -1.0]))
+        self.b = torch.nn.Parameter(torch.tensor([-0.5, 1.0, 0.25]))
+        self.c = torch.nn.Parameter(torch.tensor([0.75, -2.0, 3.0]))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return (self.a + self.b + self.c) * x
+
+
+@pytest.mark.parametrize("opt", [SGD(lr=0.1, momentum=0.9), AdamW(lr=0.01)])
+def test_parameters_sharing_one_gradient_train_as_eager(opt):
+    from portable.testing import check_parity
+
+    model = _SummedParameters()
+    batch = (torch.tensor([3.0, -1.0, 0.5]),)
+
+    def loss_fn(m: torch.nn.Module, x: torch.Tensor) -> torch.Tensor:
+        return (m(x) ** 2).sum()
+
+    program = portable.capture(model, batch, loss_fn=loss_fn, optimizer=opt)
+    assert not any(
+        n.target is torch.ops.aten.mul.Tensor and 1 in n.args for n in program.graph.nodes
+    )
+    report = check_parity(
+        program, batch, backends=["cpu"], eager_model=model, loss_fn=loss_fn, steps=3
+    )
+    assert report.ok, report.format()

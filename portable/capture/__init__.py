@@ -299,15 +299,13 @@ def _capture_training(
             # The forward alone, decomposed the same way: its nodes keep the user's source lines.
             forward = ep.run_decompositions(decompositions(python_only=False)).graph_module
             annotate(forward, _WRAPPER_PREFIX)
-            # The joint-graph path of torch.export (what torch.export.experimental's
-            # _export_forward_backward does), with core ATen decompositions.
-            ep = _decompose_exported_program(
-                ep,
-                cia_to_decomp={},
-                python_decomp_table=decompositions(python_only=True),
-                joint_loss_index=0,
-                decompose_custom_triton_ops=False,
-            )
+            try:
+                ep = _joint(ep)
+            except AssertionError as exc:
+                if "gradients_to_parameters" not in str(exc):
+                    raise
+                ep = _joint(_distinct_gradients(ep))
+                _drop_multiplications_by_one(ep.graph_module)
     except Exception as exc:
         raise diagnose(exc, phase="building the backward graph") from exc
     _normalize(forward)
@@ -340,6 +338,57 @@ _RUNTIME_ASSERTS = (
     torch.ops.aten._assert_scalar.default,
     torch.ops.aten._linalg_check_errors.default,  # decompositions.without_error_checks
 )
+
+
+def _joint(ep: ExportedProgram) -> ExportedProgram:
+    """The joint-graph path of torch.export (what torch.export.experimental's
+    _export_forward_backward does), with core ATen decompositions."""
+    return _decompose_exported_program(
+        ep,
+        cia_to_decomp={},
+        python_decomp_table=decompositions(python_only=True),
+        joint_loss_index=0,
+        decompose_custom_triton_ops=False,
+    )
+
+
+def _distinct_gradients(ep: ExportedProgram) -> ExportedProgram:
+    """`ep` with every parameter used through `p * 1`. AOT autograd's joint export keys the
+    gradients by their node: two parameters whose gradient is the same node (`a + b`: both get
+    the loss's gradient as is) collapse into one and the export fails its own count. `p * 1`
+    gives each its own gradient node (`g * 1`); `_drop_multiplications_by_one` removes both
+    multiplications afterwards (x * 1 is x exactly)."""
+    graph = ep.graph_module.graph
+    params = set(ep.graph_signature.inputs_to_parameters)
+    for node in list(graph.nodes):
+        if node.op != "placeholder" or node.name not in params:
+            continue
+        users = list(node.users)
+        with graph.inserting_after(node):
+            scaled = graph.call_function(torch.ops.aten.mul.Tensor, (node, 1))
+        scaled.meta = {k: v for k, v in node.meta.items() if k in ("val", "tensor_meta")}
+        for user in users:
+            user.replace_input_with(node, scaled)
+    ep.graph_module.recompile()
+    return ep
+
+
+def _drop_multiplications_by_one(gm: torch.fx.GraphModule) -> None:
+    """`mul(x, 1)` of a tensor to its own dtype is x, bit for bit (NaN, infinities and -0
+    included)."""
+    for node in list(gm.graph.nodes):
+        if node.op != "call_function" or node.target is not torch.ops.aten.mul.Tensor:
+            continue
+        x, other = (list(node.args) + [None, None])[:2]
+        if not isinstance(x, torch.fx.Node) or isinstance(other, torch.fx.Node) or other != 1:
+            continue
+        before, after = x.meta.get("val"), node.meta.get("val")
+        if isinstance(before, torch.Tensor) and isinstance(after, torch.Tensor):
+            if before.dtype == after.dtype and before.shape == after.shape:
+                node.replace_all_uses_with(x)
+                gm.graph.erase_node(node)
+    gm.graph.lint()
+    gm.recompile()
 
 
 def _normalize(gm: torch.fx.GraphModule) -> None:

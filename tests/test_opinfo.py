@@ -124,3 +124,23 @@ def test_a_wrong_backend_result_is_caught_as_wrong(monkeypatch):
     case = opinfo.run_case(sin, sample, torch.float32, 0, backends=("xla",), train=False)
     assert case.capture == "ok" and case.cpu == "bit"
     assert case.backends["xla"] == "wrong", case
+
+
+def test_sort_indices_compare_up_to_the_order_of_ties_only():
+    """An unstable sort may order equal elements either way; any other index difference (an
+    element taken twice, one that selects another value) and any value difference is wrong."""
+    x = torch.tensor([[3, 1, 3, 2], [0, 0, 5, 0]])
+    values, want = x.sort(dim=1, stable=True)
+    ties = (x, (1,))
+    swapped = want.clone()
+    swapped[0, 2:] = want[0, 2:].flip(0)  # the two 3s
+    swapped[1, :3] = want[1, :3].flip(0)  # the three 0s
+    assert not torch.equal(swapped, want)
+    assert opinfo._same_up_to_ties(ties, (values, swapped), (values, want))
+    twice = want.clone()
+    twice[1, 0] = want[1, 1]
+    assert not opinfo._same_up_to_ties(ties, (values, twice), (values, want))
+    other = want.clone()
+    other[0, [0, 1]] = other[0, [1, 0]]  # 1 and 2 swapped: another order of distinct values
+    assert not opinfo._same_up_to_ties(ties, (values, other), (values, want))
+    assert not opinfo._same_up_to_ties(ties, (values + 1, swapped), (values, want))

@@ -335,7 +335,77 @@ def _digamma(x, dt):
     return op.Where(op.Equal(x, _c(0, dt)), signed_inf, psi)
 
 
+# --------------------------------------------------------------------------- integer pow
+
+
+def _integer_pow(base, exponent, dt):
+    """torch's integer pow, wrapping as its kernel does: binary exponentiation over every bit
+    of the exponent (ONNX Runtime's integer Pow goes through double: inexact past 2^53, and
+    INT64_MIN on overflow); a negative exponent gives 1 for base 1, +-1 for base -1 by parity
+    and 0 otherwise."""
+    zero, one, two = _c(0, dt), _c(1, dt), _c(2, dt)
+    negative = op.Less(exponent, zero)
+    remaining = op.Where(negative, zero, exponent)
+    power = op.Mul(op.Mul(base, zero), zero)  # ones of the broadcast shape, below
+    power = op.Add(power, op.Mul(exponent, zero))
+    power = op.Add(power, one)
+    square = base
+    for _ in range(int(8 * dt.itemsize) - 1):
+        odd = op.Equal(op.Mod(remaining, two), one)
+        power = op.Where(odd, op.Mul(power, square), power)
+        square = op.Mul(square, square)
+        remaining = op.Div(remaining, two)
+    parity = op.Where(op.Equal(op.Mod(exponent, two), zero), one, op.Neg(one))
+    inverse = op.Where(
+        op.Equal(base, one), one, op.Where(op.Equal(base, op.Neg(one)), parity, zero)
+    )
+    return op.Where(negative, op.Add(op.Mul(power, zero), inverse), power)
+
+
+def _integer_pow_by(base, exponent: int, dt):
+    """base ** exponent for a Python int exponent >= 0: the squarings it needs, no more."""
+    power = None
+    square = base
+    while exponent:
+        if exponent & 1:
+            power = square if power is None else op.Mul(power, square)
+        exponent >>= 1
+        if exponent:
+            square = op.Mul(square, square)
+    return op.Add(op.Mul(base, _c(0, dt)), _c(1, dt)) if power is None else power
+
+
+def pow_tensor_tensor(x, exponent):
+    if _dtype(x).is_integer() and _dtype(exponent).is_integer():
+        (x, exponent), dt, _ = _promote(x, exponent)
+        return _integer_pow(x, exponent, dt)
+    return _torchlib().aten_pow(x, exponent)
+
+
+def pow_tensor_scalar(x, exponent):
+    if _dtype(x).is_integer() and isinstance(exponent, int) and not isinstance(exponent, bool):
+        if exponent >= 0:  # eager refuses a negative one
+            return _integer_pow_by(x, exponent, _dtype(x))
+    return _torchlib().aten_pow_tensor_scalar(x, exponent)
+
+
+def pow_scalar(base, exponent):
+    if isinstance(base, int) and not isinstance(base, bool) and _dtype(exponent).is_integer():
+        dt = _dtype(exponent)
+        return _integer_pow(_c(base, dt), exponent, dt)
+    return _torchlib().aten_pow_scalar(base, exponent)
+
+
+def _torchlib() -> Any:
+    from onnxscript.function_libs.torch_lib.ops import core
+
+    return core
+
+
 TRANSLATIONS: dict[torch._ops.OpOverload, Callable] = {
+    _ATEN.pow.Tensor_Tensor: pow_tensor_tensor,
+    _ATEN.pow.Tensor_Scalar: pow_tensor_scalar,
+    _ATEN.pow.Scalar: pow_scalar,
     _ATEN.atan2.default: _binary(_atan2),
     _ATEN.hypot.default: _binary(_hypot),
     _ATEN.copysign.Tensor: _binary(_copysign),

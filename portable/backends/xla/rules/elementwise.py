@@ -103,7 +103,28 @@ def pow_(ctx, x, y):
         elif y in _POW_SPECIAL:
             return _POW_SPECIAL[y](base).astype(dtype)
     compute = opmath(dtype)
+    if jnp.issubdtype(dtype, jnp.integer):
+        return _integer_pow(as_array(x, compute), as_array(y, compute)).astype(dtype)
     return jnp.power(as_array(x, compute), as_array(y, compute)).astype(dtype)
+
+
+def _integer_pow(base, exponent):
+    """torch's integer pow: binary exponentiation over every bit of the exponent, wrapping as
+    its kernel does (jnp.power looks at 6 bits only: 3 ** 64 came out 1); a negative exponent
+    gives 1 for base 1, +-1 for base -1 by the exponent's parity and 0 otherwise."""
+    base, exponent = jnp.broadcast_arrays(base, exponent.astype(base.dtype))
+    negative = exponent < 0
+    remaining = jnp.where(negative, 0, exponent)
+    power = jnp.ones_like(base)
+    square = base
+    for _ in range(jnp.iinfo(base.dtype).bits - 1):
+        power = jnp.where((remaining & 1) != 0, power * square, power)
+        square = square * square
+        remaining = remaining >> 1
+    one = jnp.ones_like(power)
+    odd = (exponent % 2) != 0
+    inverse = jnp.where(base == 1, one, jnp.where(base == -1, jnp.where(odd, -one, one), 0))
+    return jnp.where(negative, inverse, power)
 
 
 @RULES.register("aten.clamp.default")

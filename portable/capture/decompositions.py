@@ -283,6 +283,18 @@ def _replication_pad_backward(
     return grad
 
 
+def _logit(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
+    # torch's CPU kernel, step by step in x's dtype (a bfloat16 x rounds after the clamp, 1 - x,
+    # the division and the log, as its vectorized kernel does): x clamped to [eps, 1 - eps],
+    # log(x / (1 - x)). Core ATen's decomposition computes a 16-bit x in float32 and rounds once
+    # (0.0156 from eager). Integers compute in the default float dtype.
+    if not x.is_floating_point():
+        x = aten._to_copy.default(x, dtype=torch.get_default_dtype())
+    if eps is not None:
+        x = aten.clamp.default(x, eps, 1 - eps)
+    return aten.log.default(aten.div.Tensor(x, aten.rsub.Scalar(x, 1)))
+
+
 # ops core ATen keeps whole that the opset spells with other ops
 def _efficient_zeros(
     size: list[int],
@@ -313,6 +325,7 @@ _EXTRA = {
     aten.index_reduce.default: _index_reduce,
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
+    aten.logit.default: _logit,
     aten.replication_pad1d_backward.default: _replication_pad_backward,
     aten.replication_pad2d_backward.default: _replication_pad_backward,
     aten.replication_pad3d_backward.default: _replication_pad_backward,

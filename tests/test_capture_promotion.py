@@ -55,3 +55,44 @@ def test_float_inputs_get_no_casts():
 
     program = portable.capture(Sin(), (torch.randn(3),))
     assert "_to_copy" not in program.text()
+
+
+class _BoolNumeric(torch.nn.Module):
+    """Numeric ops eager defines on bools (OpInfo's bool samples of them were refused)."""
+
+    def forward(self, a: torch.Tensor, b: torch.Tensor, index: torch.Tensor):
+        return (
+            a < b,
+            a >= b,
+            a > 0.5,
+            a.amax(0),
+            a.amin(),
+            torch.sign(a),
+            torch.clamp_min(a, b),
+            torch.clamp_max(a, b),
+            a / b,  # float32, inf and NaN where b is False
+            a * 0.5,
+            a**2,  # int64
+            torch.scatter_add(a, 0, index, b),
+            torch.heaviside(a, b),
+            torch.special.ndtr(a),
+        )
+
+
+def _bools() -> tuple[torch.Tensor, ...]:
+    g = torch.Generator().manual_seed(0)
+    a, b = torch.rand(4, 5, generator=g) > 0.5, torch.rand(4, 5, generator=g) > 0.4
+    return a, b, torch.randint(0, 4, (4, 5), generator=g)
+
+
+def test_bool_operands_of_numeric_ops_compute_as_eager():
+    model, inputs = _BoolNumeric(), _bools()
+    program = portable.capture(model, inputs)
+    assert "dtype=torch.int32" in program.text()  # comparisons and max / min on 0 / 1
+    got = portable.compile(program, backend="cpu")(*inputs)
+    for g, w in zip(got, model(*inputs), strict=True):
+        assert g.dtype == w.dtype and torch.equal(g.nan_to_num(7.0), w.nan_to_num(7.0)), (g, w)
+    for backend in ("xla", "onnx"):
+        pytest.importorskip("jax" if backend == "xla" else "onnxruntime")
+        report = check_parity(program, inputs, backends=[backend])
+        assert report.ok, report.format()

@@ -8,7 +8,9 @@ to that dtype in front of it (other float ops take integer operands that are ind
 target of `nll_loss` or the indices of `embedding_dense_backward`, and eager does not promote
 those) (exact: the same conversion eager runs first). And bool arithmetic that eager
 defines as logic becomes the logical op: `add`/`maximum` of bools is `logical_or`, `minimum` is
-`logical_and`.
+`logical_and`; bool comparisons, max / min reductions, sign, clamps, fmax / fmin, powers and
+scatter_add compute on int32 0 / 1 (cast back to bool where the result is), and numeric ops of
+bools with a float result (`div`, `mul(bool, 0.5)`) take their bools cast to that float.
 """
 
 from __future__ import annotations
@@ -17,11 +19,36 @@ import torch
 import torch.fx
 
 from ..opset import lookup
+from ..opset.entry import NUMERIC
 from ..opset.table import ELEMENTWISE, FLOAT
 
 __all__ = ["promote_operands"]
 
 aten = torch.ops.aten
+
+# numeric ops eager also defines on bools, computed exactly on 0 / 1 as int32: comparisons keep
+# their bool result; the others' int32 result is cast back to bool (nonzero is True: max, min,
+# sign, clamp, powers and sums of 0 / 1 are what bool max / min / or give)
+_BOOL_COMPARISONS = frozenset(
+    getattr(getattr(aten, name), overload)
+    for name in ("lt", "le", "gt", "ge")
+    for overload in ("Scalar", "Tensor")
+)
+_BOOL_AS_INT = frozenset(
+    {
+        aten.amax.default,
+        aten.amin.default,
+        aten.sign.default,
+        aten.clamp.default,
+        aten.clamp.Tensor,
+        aten.clamp_min.default,
+        aten.clamp_max.default,
+        aten.fmax.default,
+        aten.fmin.default,
+        aten.pow.Tensor_Scalar,
+        aten.scatter_add.default,
+    }
+)
 
 _BOOL_LOGIC = {
     aten.add.Tensor: aten.logical_or.default,
@@ -57,6 +84,9 @@ def promote_operands(gm: torch.fx.GraphModule) -> None:
                 changed = True
             continue
         entry = lookup(node.target)
+        if entry is not None and _bool_operands(node, entry, out):
+            changed = True
+            continue
         if (
             entry is None
             or entry.dtypes != FLOAT
@@ -77,3 +107,46 @@ def promote_operands(gm: torch.fx.GraphModule) -> None:
     if changed:
         graph.lint()
         gm.recompile()
+
+
+def _bool_operands(node: torch.fx.Node, entry: object, out: torch.Tensor) -> bool:
+    """Bool operands of a numeric op eager computes on bools, spelled in dtypes the op declares:
+    cast to a non-bool result's dtype (`div` of bools, `mul(bool, 0.5)`, `bool ** 2`), or
+    computed as int32 0 / 1
+    (`_BOOL_COMPARISONS`, `_BOOL_AS_INT`, whose int32 result is cast back to bool). Whether it
+    rewrote the node."""
+    if getattr(entry, "dtypes", None) != NUMERIC:
+        return False
+    tensors = [a for a in node.args if _val(a) is not None]
+    first = _val(tensors[0]) if tensors else None
+    if first is None or first.dtype != torch.bool:
+        return False
+    elementwise = entry.has(ELEMENTWISE)  # type: ignore[attr-defined]
+    if out.dtype != torch.bool and not out.is_complex() and elementwise:
+        wide = out.dtype  # the result's dtype, which eager computes in (bool ** 2 is int64)
+    elif node.target in _BOOL_COMPARISONS or (
+        node.target in _BOOL_AS_INT and out.dtype == torch.bool
+    ):
+        wide = torch.int32
+    else:
+        return False
+    graph = node.graph
+    for operand in node.all_input_nodes:
+        val = _val(operand)
+        if val is None or val.dtype != torch.bool:
+            continue
+        with graph.inserting_before(node):
+            cast = graph.call_function(aten._to_copy.default, (operand,), {"dtype": wide})
+        cast.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        cast.meta["val"] = aten._to_copy.default(val, dtype=wide)
+        node.replace_input_with(operand, cast)
+    if node.target in _BOOL_AS_INT and out.dtype == torch.bool:
+        users = list(node.users)
+        node.meta["val"] = aten._to_copy.default(out, dtype=wide)
+        with graph.inserting_after(node):
+            back = graph.call_function(aten._to_copy.default, (node,), {"dtype": torch.bool})
+        back.meta = {k: v for k, v in node.meta.items() if k != "val"}
+        back.meta["val"] = out
+        for user in users:
+            user.replace_input_with(node, back)
+    return True

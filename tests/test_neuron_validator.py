@@ -308,13 +308,19 @@ def test_lossy_integer_work_is_a_warning():
   %d = s32[4,4]{1,0} dot(%i, %i), lhs_contracting_dims={1}, rhs_contracting_dims={0}
   %l = s64[4,4]{1,0} convert(%d)
   %ar = s32[4,4]{1,0} all-reduce(%d), replica_groups={{0}}, to_apply=%add
-  ROOT %t = (s64[4,4]{1,0}, s32[4,4]{1,0}) tuple(%l, %ar)"""
-    findings = _findings(_module(_entry("s64[4,4], s32[4,4]", body), computations=MAX))
+  %one = s32[] constant(1)
+  %ia = s32[1,4,6,6]{3,2,1,0} broadcast(%one), dimensions={}
+  %iw = s32[4,4,3,3]{3,2,1,0} broadcast(%one), dimensions={}
+  %c = s32[1,4,4,4]{3,2,1,0} convolution(%ia, %iw), window={size=3x3}, dim_labels=bf01_oi01->bf01
+  ROOT %t = (s64[4,4]{1,0}, s32[4,4]{1,0}, s32[1,4,4,4]{3,2,1,0}) tuple(%l, %ar, %c)"""
+    result = "s64[4,4], s32[4,4], s32[1,4,4,4]"
+    findings = _findings(_module(_entry(result, body), computations=MAX))
     assert _codes(findings) == []
     warnings = {(f.code, f.instruction) for f in findings if f.severity is Severity.WARNING}
     assert warnings == {
         ("fp32-accumulation", "d"),
         ("fp32-accumulation", "ar"),
+        ("fp32-accumulation", "c"),  # an integer convolution is an integer dot
         ("int64-downcast", "l"),
     }
     assert any("exact only below 2^24" in f.what for f in findings)

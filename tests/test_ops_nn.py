@@ -15,6 +15,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 import portable
+from portable.errors import LoweringError
 from portable.testing import check_parity
 
 pytest.importorskip("jax")
@@ -254,3 +255,56 @@ def test_interpolate_scale_that_keeps_a_size_copies_that_dim():
     assert torch.equal(Model()(x)[..., :, 0], x[..., :, 0])
     report = check_parity(Model(), (x,), backends=["xla", "onnx"])
     assert report.ok, report.format()
+
+
+_INT_CONVS = {
+    "conv2d": (lambda x, w: F.conv2d(x, w, stride=2, padding=1), (2, 4, 7, 8), (6, 4, 3, 3)),
+    "conv2d_groups": (
+        lambda x, w: F.conv2d(x, w, groups=2, padding=2, dilation=2),
+        (2, 4, 7, 8),
+        (6, 2, 3, 3),
+    ),
+    "conv1d": (lambda x, w: F.conv1d(x, w, stride=3), (2, 3, 11), (5, 3, 4)),
+    "conv3d": (lambda x, w: F.conv3d(x, w, padding=1), (1, 2, 4, 5, 6), (3, 2, 3, 3, 2)),
+    "conv_transpose2d": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=2, padding=1, output_padding=1),
+        (2, 4, 5, 6),
+        (4, 3, 3, 3),
+    ),
+    "conv_transpose2d_groups": (
+        lambda x, w: F.conv_transpose2d(x, w, stride=3, padding=2, groups=2, dilation=2),
+        (2, 4, 5, 6),
+        (4, 3, 3, 2),
+    ),
+    "conv_transpose3d": (
+        lambda x, w: F.conv_transpose3d(
+            x, w, stride=(1, 2, 2), padding=(0, 1, 1), output_padding=(0, 1, 0)
+        ),
+        (1, 2, 3, 4, 5),
+        (2, 3, 2, 3, 3),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INT_CONVS))
+def test_int64_convolution_is_exact_on_xla_and_refused_on_onnx(name):
+    """Eager convolves int64 tensors (wrapping products, no rounding): so does xla, transposed
+    convolutions too (JAX has no adjoint of an integer function: the rule writes the direct
+    convolution); ONNX Runtime has no integer Conv and refuses before lowering."""
+    fn, x_shape, w_shape = _INT_CONVS[name]
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(-9, 9, x_shape, generator=g)
+    w = torch.randint(-9, 9, w_shape, generator=g)
+    x.view(-1)[0] = 2**40  # beyond float64's exact integers once multiplied
+
+    class Conv(nn.Module):
+        def forward(self, x, w):
+            return fn(x, w)
+
+    program = portable.capture(Conv(), (x, w))
+    want = fn(x, w)
+    for backend in ("cpu", "xla"):
+        got = portable.compile(program, backend=backend)(x, w)
+        assert got.dtype == torch.int64 and torch.equal(got, want), backend
+    with pytest.raises(LoweringError, match="no integer Conv"):
+        portable.compile(program, backend="onnx")

@@ -393,11 +393,20 @@ def _drop_multiplications_by_one(gm: torch.fx.GraphModule) -> None:
 
 def _normalize(gm: torch.fx.GraphModule) -> None:
     """Drop what only eager tracing needs: `detach`/`alias` (identities in a functional graph)
-    and export's runtime metadata asserts (the verifier checks shapes and dtypes statically)."""
+    and export's runtime metadata asserts (the verifier checks shapes and dtypes statically);
+    `prims.convert_element_type` becomes the `_to_copy` it is."""
     for node in list(gm.graph.nodes):
         if node.op != "call_function":
             continue
-        if node.target in _IDENTITIES:
+        if node.target is torch.ops.prims.convert_element_type.default:
+            # what some core decompositions (renorm of bfloat16) leave: the cast it is
+            x, dtype = node.args
+            node.target, node.args, node.kwargs = (
+                torch.ops.aten._to_copy.default,
+                (x,),
+                {"dtype": dtype},
+            )
+        elif node.target in _IDENTITIES:
             node.replace_all_uses_with(bind(node).node("self"))
             gm.graph.erase_node(node)
         elif node.target in _RUNTIME_ASSERTS and not node.users:

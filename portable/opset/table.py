@@ -325,9 +325,9 @@ _ATEN: tuple[OpDef, ...] = (
     # convolution, pooling, batch norm
     _e(
         "aten.convolution.default",
-        FLOAT,
+        NUMERIC,
         "conv",
-        "N-d convolution with stride, padding, dilation, groups",
+        "N-d convolution with stride, padding, dilation, groups (integers wrap, as torch's)",
     ),
     _e(
         "aten.convolution_backward.default",

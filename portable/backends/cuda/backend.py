@@ -47,6 +47,13 @@ class CudaLowered:
     launches: dict[str, list[KernelLaunch]]  # arch name -> KernelLaunches, in graph order
 
 
+# PyTorch's CUDA convolutions (cuDNN and the slow kernels) are defined for float types only
+_NO_INTEGER_CONV = {
+    name: "PyTorch has no integer convolution on CUDA (cuDNN and its fallbacks are float-only)"
+    for name in ("int64", "int32", "int16", "int8", "uint8")
+}
+
+
 class CudaBackend(Backend):
     name = "cuda"
     options_type = CudaOptions
@@ -66,6 +73,7 @@ class CudaBackend(Backend):
             # a per-rank program's collectives and local shapes have no lowering here (its
             # global weights would reach torch.export): refused by check_program
             per_rank=False,
+            dtype_gaps={"aten.convolution.default": _NO_INTEGER_CONV},
         )
 
     def check_options(self) -> None:

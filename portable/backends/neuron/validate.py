@@ -368,8 +368,8 @@ def fp32_accumulation(ctx: Context) -> Iterator[Finding]:
     for ins in ctx.module.instructions():
         integer = any(e[0] in "su" for e in ins.elements)
         kind = None
-        if ins.opcode == "dot" and integer:
-            kind = "integer dot"
+        if ins.opcode in ("dot", "convolution") and integer:
+            kind = f"integer {ins.opcode}"
         elif ins.opcode == "scatter" and integer and _combiner(ctx.module, ins) == "add":
             kind = "integer scatter-add"
         elif ins.opcode in ("all-reduce", "reduce-scatter", "all-reduce-start") and integer:

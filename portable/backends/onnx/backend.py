@@ -68,6 +68,13 @@ _DTYPE_GAPS = {
 }
 
 
+# ONNX Runtime's Conv / ConvTranspose have float kernels only
+_DTYPE_GAPS["aten.convolution.default"] = {
+    name: "ONNX Runtime's CPU provider has no integer Conv kernel"
+    for name in ("int64", "int32", "int16", "int8", "uint8")
+}
+
+
 class OnnxBackend(Backend):
     name = "onnx"
 

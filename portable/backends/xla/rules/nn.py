@@ -89,10 +89,41 @@ def _conv(x, weight, stride, padding, dilation, transposed, output_padding, grou
 
     if not transposed:
         return forward(x)
+    if not jnp.issubdtype(x.dtype, jnp.inexact):  # JAX has no adjoint of an integer function
+        return _integer_transposed(x, weight, stride, padding, dilation, output_padding, groups)
     # a transposed convolution is the adjoint of the forward convolution whose input has the
     # transposed convolution's output shape (weight [C_in, C_out / groups, k...] is read as OI)
     _, adjoint = jax.vjp(forward, jnp.zeros(out_shape_, x.dtype))
     return adjoint(x)[0]
+
+
+def _integer_transposed(x, weight, stride, padding, dilation, output_padding, groups):
+    """conv_transpose of integers as the direct convolution it is: the input dilated by the
+    stride, the kernel flipped with its in / out channels swapped per group, padded by
+    dilation * (k - 1) - padding (plus output_padding at the end)."""
+    n = x.ndim - 2
+    stride, padding, dilation = pair(stride, n), pair(padding, n), pair(dilation, n)
+    output_padding = pair(output_padding, n)
+    c_in, c_out_g, *k = weight.shape
+    w = weight.reshape(groups, c_in // groups, c_out_g, *k).swapaxes(1, 2)
+    w = w.reshape(groups * c_out_g, c_in // groups, *k)
+    w = jnp.flip(w, axis=tuple(range(2, 2 + n)))
+    spatial = "DHW"[-n:]
+    edges = [
+        (dd * (kk - 1) - pp, dd * (kk - 1) - pp + op)
+        for dd, kk, pp, op in zip(dilation, k, padding, output_padding, strict=True)
+    ]
+    return jax.lax.conv_general_dilated(
+        x,
+        w,
+        window_strides=(1,) * n,
+        padding=edges,
+        lhs_dilation=stride,
+        rhs_dilation=dilation,
+        dimension_numbers=("NC" + spatial, "OI" + spatial, "NC" + spatial),
+        feature_group_count=groups,
+        preferred_element_type=x.dtype,
+    )
 
 
 @RULES.register("aten.convolution.default")

@@ -377,3 +377,17 @@ def test_logit_is_eager_bit_for_bit(dtype, eps):
     got = portable.compile(program, backend="cpu")(x)
     torch.testing.assert_close(got, torch.logit(x, eps), rtol=0, atol=0)
     assert check_parity(program, (x,), backends=BACKENDS).ok
+
+
+@pytest.mark.parametrize("backend", ["cpu", *BACKENDS])
+def test_int64_addcmul_wraps_as_eager(backend):
+    class Addcmul(nn.Module):
+        def forward(self, x, a, b):
+            return torch.addcmul(x, a, b, value=3), torch.addcmul(x, a, b)
+
+    g = torch.Generator().manual_seed(0)
+    inputs = tuple(torch.randint(-(2**40), 2**40, (3, 4), generator=g) for _ in range(3))
+    program = portable.capture(Addcmul(), inputs)
+    got = portable.compile(program, backend=backend)(*inputs)
+    for g_, w in zip(got, Addcmul()(*inputs), strict=True):
+        assert g_.dtype == torch.int64 and torch.equal(g_, w)

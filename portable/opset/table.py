@@ -80,7 +80,7 @@ _ATEN: tuple[OpDef, ...] = (
     _e("aten.erf.default", FLOAT, "same", "Gauss error function"),
     _e("aten.reciprocal.default", FLOAT, "same", "1 / x"),
     _e("aten.lerp.Scalar", FLOAT, "broadcast", "x + w * (y - x) (one rounding, as ATen's kernel)"),
-    _e("aten.addcmul.default", FLOAT, "broadcast", "x + value * t1 * t2"),
+    _e("aten.addcmul.default", NUMERIC, "broadcast", "x + value * t1 * t2"),
     _e("aten.maximum.default", NUMERIC, "broadcast", "elementwise max (NaN propagates)"),
     _e("aten.minimum.default", NUMERIC, "broadcast", "elementwise min (NaN propagates)"),
     _e("aten.clamp.default", NUMERIC, "same", "min(max(x, lo), hi)"),

@@ -396,6 +396,18 @@ def pow_scalar(base, exponent):
     return _torchlib().aten_pow_scalar(base, exponent)
 
 
+def _rounding(name: str) -> Callable:
+    """floor / ceil / trunc / round: the identity on integers (ONNX's Floor & co. take floats
+    only: the checker refused the model), torchlib's rule on floats."""
+
+    def rule(x):
+        if not _dtype(x).is_floating_point():
+            return op.Identity(x)
+        return getattr(_torchlib(), f"aten_{name}")(x)
+
+    return rule
+
+
 def _torchlib() -> Any:
     from onnxscript.function_libs.torch_lib.ops import core
 
@@ -406,6 +418,7 @@ TRANSLATIONS: dict[torch._ops.OpOverload, Callable] = {
     _ATEN.pow.Tensor_Tensor: pow_tensor_tensor,
     _ATEN.pow.Tensor_Scalar: pow_tensor_scalar,
     _ATEN.pow.Scalar: pow_scalar,
+    **{getattr(_ATEN, n).default: _rounding(n) for n in ("floor", "ceil", "trunc", "round")},
     _ATEN.atan2.default: _binary(_atan2),
     _ATEN.hypot.default: _binary(_hypot),
     _ATEN.copysign.Tensor: _binary(_copysign),

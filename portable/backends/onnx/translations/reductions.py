@@ -13,7 +13,7 @@ import torch
 from onnxscript import INT64, opset23
 from onnxscript.function_libs.torch_lib.ops import core
 
-from .selection import nan_propagating
+from .selection import nan_propagating, var_mean
 
 __all__ = ["TRANSLATIONS"]
 
@@ -83,11 +83,17 @@ def logsumexp(x, dim, keepdim: bool = False):
 
 
 def var_correction(x, dim=None, correction=None, keepdim: bool = False):
-    if _rank(x) != 0:
-        return core.aten_var_correction(x, dim, correction, keepdim)
-    # one element: 0 / (1 - correction), which is NaN for the default correction of 1, as torch
-    denominator = 1.0 - (1.0 if correction is None else float(correction))
-    return op.Div(op.Sub(x, x), op.CastLike(denominator, x))
+    """The variance of `var_mean` (its rule divides by max(0, n - correction), computes a
+    16-bit x in float32 with the correction unrounded, and takes 0-d inputs); torchlib's
+    rounds the correction to a half input's type and has no rule for a bfloat16 var over all
+    dims."""
+    return var_mean(x, dim, correction, keepdim)[0]
+
+
+def var_default(x, unbiased: bool = True):
+    """What torch.export retraces a var.correction over all dims with the default correction
+    as (torchlib has no rule for it on bfloat16)."""
+    return var_mean(x, None, 1.0 if unbiased else 0.0, False)[0]
 
 
 def squeeze_dims(x, dim):
@@ -116,4 +122,5 @@ TRANSLATIONS: dict[torch._ops.OpOverload, Callable] = {
     _ATEN.logsumexp.default: logsumexp,
     _ATEN.squeeze.dims: squeeze_dims,
     _ATEN.var.correction: var_correction,
+    _ATEN.var.default: var_default,
 }

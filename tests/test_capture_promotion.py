@@ -96,3 +96,19 @@ def test_bool_operands_of_numeric_ops_compute_as_eager():
         pytest.importorskip("jax" if backend == "xla" else "onnxruntime")
         report = check_parity(program, inputs, backends=[backend])
         assert report.ok, report.format()
+
+
+def test_bool_running_max_min_and_mode_compute_as_eager():
+    class Pairs(torch.nn.Module):
+        def forward(self, a: torch.Tensor):
+            top, where = torch.cummax(a, 0)
+            low = torch.cummin(a, 1)
+            common = torch.mode(a, 0)
+            return top, where, low.values, low.indices, common.values, common.indices
+
+    model, (a, _, _) = Pairs(), _bools()
+    program = portable.capture(model, (a,))
+    for backend in ("cpu", "xla"):
+        got = portable.compile(program, backend=backend)(a)
+        for g, w in zip(got, model(a), strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), backend

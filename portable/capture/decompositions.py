@@ -295,6 +295,32 @@ def _logit(x: torch.Tensor, eps: float | None = None) -> torch.Tensor:
     return aten.log.default(aten.div.Tensor(x, aten.rsub.Scalar(x, 1)))
 
 
+def _empty_strided(
+    size: list[int],
+    stride: list[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    # uninitialized memory of a shape: a functional program has no strides to honour
+    return aten.empty.memory_format(size, dtype=dtype or torch.get_default_dtype(), device=device)
+
+
+def _new_empty_strided(
+    x: torch.Tensor,
+    size: list[int],
+    stride: list[int],
+    *,
+    dtype: torch.dtype | None = None,
+    layout: torch.layout | None = None,
+    device: torch.device | None = None,
+    pin_memory: bool | None = None,
+) -> torch.Tensor:
+    return _empty_strided(size, stride, dtype=dtype or x.dtype, device=device or x.device)
+
+
 # ops core ATen keeps whole that the opset spells with other ops
 def _efficient_zeros(
     size: list[int],
@@ -326,6 +352,8 @@ _EXTRA = {
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
     aten.logit.default: _logit,
+    aten.empty_strided.default: _empty_strided,
+    aten.new_empty_strided.default: _new_empty_strided,
     aten.replication_pad1d_backward.default: _replication_pad_backward,
     aten.replication_pad2d_backward.default: _replication_pad_backward,
     aten.replication_pad3d_backward.default: _replication_pad_backward,

@@ -15,6 +15,8 @@ bools with a float result (`div`, `mul(bool, 0.5)`) take their bools cast to tha
 
 from __future__ import annotations
 
+import operator
+
 import torch
 import torch.fx
 
@@ -50,6 +52,9 @@ _BOOL_AS_INT = frozenset(
     }
 )
 
+# (values, indices) ops eager defines on bools: values computed as int32 0 / 1, cast back
+_BOOL_PAIRS = frozenset({aten.cummax.default, aten.cummin.default, aten.mode.default})
+
 _BOOL_LOGIC = {
     aten.add.Tensor: aten.logical_or.default,
     aten.maximum.default: aten.logical_or.default,
@@ -71,6 +76,7 @@ def promote_operands(gm: torch.fx.GraphModule) -> None:
             continue
         out = _val(node)
         if out is None:
+            changed |= _bool_values_and_indices(node)
             continue
         if (
             node.target in _BOOL_LOGIC
@@ -149,4 +155,37 @@ def _bool_operands(node: torch.fx.Node, entry: object, out: torch.Tensor) -> boo
         back.meta["val"] = out
         for user in users:
             user.replace_input_with(node, back)
+    return True
+
+
+def _bool_values_and_indices(node: torch.fx.Node) -> bool:
+    """cummax / cummin / mode of a bool tensor: on its int32 0 / 1, the values cast back to
+    bool (the indices are the same: 0 / 1 order as False / True). Whether it rewrote the
+    node."""
+    if node.target not in _BOOL_PAIRS or not node.args:
+        return False
+    x = node.args[0]
+    val = _val(x)
+    results = node.meta.get("val")
+    if val is None or val.dtype != torch.bool or not isinstance(results, (tuple, list)):
+        return False
+    graph = node.graph
+    with graph.inserting_before(node):
+        cast = graph.call_function(aten._to_copy.default, (x,), {"dtype": torch.int32})
+    cast.meta = {k: v for k, v in node.meta.items() if k != "val"}
+    cast.meta["val"] = aten._to_copy.default(val, dtype=torch.int32)
+    node.replace_input_with(x, cast)
+    values, *rest = results
+    node.meta["val"] = (aten._to_copy.default(values, dtype=torch.int32), *rest)
+    for user in list(node.users):
+        if user.target is not operator.getitem or user.args[1] != 0:
+            continue
+        user.meta["val"] = node.meta["val"][0]
+        with graph.inserting_after(user):
+            back = graph.call_function(aten._to_copy.default, (user,), {"dtype": torch.bool})
+        back.meta = {k: v for k, v in user.meta.items() if k != "val"}
+        back.meta["val"] = values
+        for consumer in list(user.users):
+            if consumer is not back:
+                consumer.replace_input_with(user, back)
     return True

@@ -308,3 +308,37 @@ def test_int64_convolution_is_exact_on_xla_and_refused_on_onnx(name):
         assert got.dtype == torch.int64 and torch.equal(got, want), backend
     with pytest.raises(LoweringError, match="no integer Conv"):
         portable.compile(program, backend="onnx")
+
+
+_INT_POOLS = {
+    "avg_pool1d": lambda x: F.avg_pool1d(x.flatten(2), 3, stride=2, padding=1),
+    "avg_pool2d": lambda x: F.avg_pool2d(x, 2, stride=1, count_include_pad=False),
+    "avg_pool2d_divisor": lambda x: F.avg_pool2d(x, 3, padding=1, divisor_override=2),
+    "avg_pool3d": lambda x: F.avg_pool3d(x.unsqueeze(2).expand(-1, -1, 3, -1, -1), 2),
+    "max_pool2d": lambda x: F.max_pool2d(x, 2, stride=1, padding=1),
+    "local_response_norm": lambda x: F.local_response_norm(x, 2),
+}
+
+
+@pytest.mark.parametrize("name", sorted(_INT_POOLS))
+def test_int64_pooling_truncates_as_eager(name):
+    """torch's integer pools divide with C++'s truncating `/` (avg_pool1d of [-3, 0] is -1) and
+    pad max pools with the dtype's lowest value: xla bit for bit; ONNX Runtime has no integer
+    AveragePool / int64 MaxPool, refused before lowering."""
+    fn = _INT_POOLS[name]
+    x = torch.randint(-50, 50, (2, 3, 6, 7), generator=torch.Generator().manual_seed(0))
+
+    class Pool(nn.Module):
+        def forward(self, x):
+            return fn(x)
+
+    program = portable.capture(Pool(), (x,))
+    want = fn(x)
+    got = portable.compile(program, backend="cpu")(x)
+    assert got.dtype == want.dtype and torch.equal(got, want)
+    if want.is_floating_point():  # local_response_norm: float math after the integer pool
+        assert check_parity(program, (x,), backends=["xla"]).ok
+    else:
+        assert torch.equal(portable.compile(program, backend="xla")(x), want)
+    with pytest.raises(LoweringError, match="int64"):
+        portable.compile(program, backend="onnx")

@@ -335,14 +335,14 @@ _ATEN: tuple[OpDef, ...] = (
         "tuple",
         "(grad_input, grad_weight, grad_bias) of convolution",
     ),
-    _e("aten.max_pool2d_with_indices.default", FLOAT, "pool", "(max, argmax) over 2-d windows"),
+    _e("aten.max_pool2d_with_indices.default", NUMERIC, "pool", "(max, argmax) over 2-d windows"),
     _e(
         "aten.max_pool2d_with_indices_backward.default",
         FLOAT,
         "same",
         "route grad to each window's argmax",
     ),
-    _e("aten.avg_pool2d.default", FLOAT, "pool", "mean over 2-d windows"),
+    _e("aten.avg_pool2d.default", NUMERIC, "pool", "mean over 2-d windows (integers truncate)"),
     _e("aten.avg_pool2d_backward.default", FLOAT, "same", "spread grad evenly over each window"),
     _e("aten._adaptive_avg_pool2d.default", FLOAT, "pool", "mean over adaptive 2-d windows"),
     _e(
@@ -428,7 +428,7 @@ _ATEN: tuple[OpDef, ...] = (
         "same",
         "route grad to each 3-d window's argmax",
     ),
-    _e("aten.avg_pool3d.default", FLOAT, "pool", "mean over 3-d windows"),
+    _e("aten.avg_pool3d.default", NUMERIC, "pool", "mean over 3-d windows (integers truncate)"),
     _e(
         "aten.avg_pool3d_backward.default", FLOAT, "same", "spread grad evenly over each 3-d window"
     ),

@@ -47,9 +47,15 @@ class CudaLowered:
     launches: dict[str, list[KernelLaunch]]  # arch name -> KernelLaunches, in graph order
 
 
-# PyTorch's CUDA convolutions (cuDNN and the slow kernels) are defined for float types only
-_NO_INTEGER_CONV = {
-    name: "PyTorch has no integer convolution on CUDA (cuDNN and its fallbacks are float-only)"
+# PyTorch's CUDA convolution (cuDNN and its fallbacks) and pooling kernels take floats only
+_FLOAT_ONLY_ON_CUDA = (
+    "aten.convolution.default",
+    "aten.avg_pool2d.default",
+    "aten.avg_pool3d.default",
+    "aten.max_pool2d_with_indices.default",
+)
+_NO_INTEGER_KERNEL = {
+    name: "PyTorch's CUDA kernel for it takes floating-point types only"
     for name in ("int64", "int32", "int16", "int8", "uint8")
 }
 
@@ -73,7 +79,7 @@ class CudaBackend(Backend):
             # a per-rank program's collectives and local shapes have no lowering here (its
             # global weights would reach torch.export): refused by check_program
             per_rank=False,
-            dtype_gaps={"aten.convolution.default": _NO_INTEGER_CONV},
+            dtype_gaps={name: _NO_INTEGER_KERNEL for name in _FLOAT_ONLY_ON_CUDA},
         )
 
     def check_options(self) -> None:

@@ -75,6 +75,17 @@ _DTYPE_GAPS["aten.convolution.default"] = {
 }
 
 
+# ONNX Runtime's AveragePool has float kernels only, MaxPool float and 8-bit ones
+for _name in ("aten.avg_pool2d.default", "aten.avg_pool3d.default"):
+    _DTYPE_GAPS[_name] = {
+        n: "ONNX Runtime's CPU provider has no integer AveragePool kernel"
+        for n in ("int64", "int32", "int16", "int8", "uint8")
+    }
+_DTYPE_GAPS["aten.max_pool2d_with_indices.default"] = {
+    n: "ONNX Runtime's CPU provider has no MaxPool kernel for it (float, int8 and uint8 only)"
+    for n in ("int64", "int32", "int16")
+}
+
 # ops torch computes in the half type itself, step by step, where ONNX Runtime (and the
 # bfloat16 rewrite) compute float32 and round once (translations/spatial.py)
 for _name, _why in {

@@ -212,7 +212,8 @@ def _windows(x, k, s, p, d, out_hw, fill):
 def max_pool2d_with_indices(ctx, x, kernel_size, stride=(), padding=0, dilation=1, ceil_mode=False):
     k, s, p, d = _pool_args(x, kernel_size, stride, padding, dilation)
     oh, ow = out_shape(ctx)[-2:]
-    taps = _windows(x, k, s, p, d, (oh, ow), -jnp.inf)
+    lowest = -jnp.inf if jnp.issubdtype(x.dtype, jnp.inexact) else jnp.iinfo(x.dtype).min
+    taps = _windows(x, k, s, p, d, (oh, ow), lowest)
     tap = jnp.argmax(taps, axis=-1)  # first maximum in window order, like torch
     values = jnp.max(taps, axis=-1)
     # the tap's position in the unpadded input plane, flattened as h * W + w
@@ -257,7 +258,16 @@ def _avg_pool2d(x, out_hw, kernel_size, stride, padding, count_include_pad, divi
     total = jnp.sum(_windows(x.astype(compute), k, s, p, (1, 1), out_hw, 0), axis=-1)
     if divisor is None:
         divisor = _avg_divisor(x.shape[-2:], out_hw, k, s, p, count_include_pad)
-    return (total / jnp.asarray(divisor, compute)).astype(x.dtype)
+    return pool_mean(total, divisor, compute).astype(x.dtype)
+
+
+def pool_mean(total, divisor, compute):
+    """A window's mean: total / divisor, truncated toward zero for integers as torch's integer
+    kernels divide (the C++ `/`)."""
+    divisor = jnp.asarray(divisor, compute)
+    if jnp.issubdtype(compute, jnp.integer):
+        return jax.lax.div(total, jnp.broadcast_to(divisor, total.shape))
+    return total / divisor
 
 
 @RULES.register("aten.avg_pool2d.default")

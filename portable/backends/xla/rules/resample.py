@@ -19,7 +19,7 @@ from portable.backends import sampling
 
 from . import RULES
 from ._util import PRECISION, opmath, out_dtype, out_shape, pair
-from .nn import adaptive_matrix
+from .nn import adaptive_matrix, pool_mean
 
 # --------------------------------------------------------------------------- interpolation
 # Source pixels and weights are torch's, from backends/sampling.py (which of its two kernel
@@ -217,7 +217,7 @@ def _avg_pool_nd(x, out_sizes, kernel_size, stride, padding, count_include_pad, 
     if divisor is None:
         windows = zip(out_sizes, k, s, p, strict=True)
         divisor = sampling.avg_divisor(x.shape[x.ndim - n :], windows, count_include_pad)
-    return (total / jnp.asarray(divisor, compute)).astype(x.dtype)
+    return pool_mean(total, divisor, compute).astype(x.dtype)
 
 
 @RULES.register("aten.avg_pool3d.default")

@@ -16,7 +16,7 @@ ENTRIES: tuple[OpDef, ...] = (
     ),
     entry(
         "aten._trilinear.default",
-        FLOAT,
+        NUMERIC,
         "broadcast",
         "i1, i2, i3 unsqueezed at expand1..3, multiplied, summed over sumdim (F.bilinear)",
     ),

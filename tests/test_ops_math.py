@@ -391,3 +391,32 @@ def test_int64_addcmul_wraps_as_eager(backend):
     got = portable.compile(program, backend=backend)(*inputs)
     for g_, w in zip(got, Addcmul()(*inputs), strict=True):
         assert g_.dtype == torch.int64 and torch.equal(g_, w)
+
+
+class IntegerBits(nn.Module):
+    def forward(self, x: torch.Tensor, y: torch.Tensor):
+        return (
+            x << 3,
+            x >> y,
+            x << y,
+            x >> 70,
+            torch.bitwise_right_shift(x.to(torch.int32), y),
+            torch.gcd(x, y),
+            torch.lcm(x, y),
+        )
+
+
+def test_shifts_gcd_and_lcm_as_eager():
+    """Shifts by a negative amount or past the width give 0 (left) or the sign (right), as
+    torch's kernels; `<<` / `>>` capture as the bitwise shift ops. ONNX BitShift takes unsigned
+    types only and ONNX has no gcd: refused by capability."""
+    x = torch.tensor([-7, 5, -1, 2**40, 3, 9, -(2**62), 0, 12])
+    y = torch.tensor([1, 0, 70, 23, -1, 64, 2, 0, 18])
+    program = portable.capture(IntegerBits(), (x, y))
+    want = IntegerBits()(x, y)
+    for backend in ("cpu", "xla"):
+        got = portable.compile(program, backend=backend)(x, y)
+        for g, w in zip(got, want, strict=True):
+            assert g.dtype == w.dtype and torch.equal(g, w), backend
+    with pytest.raises(portable.PortableError, match="bitwise_left_shift|gcd|lcm"):
+        portable.compile(program, backend="onnx")

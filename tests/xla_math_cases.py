@@ -196,6 +196,18 @@ _MATH = [
         "nan_bounds",
     ),
     C("aten.bitwise_xor.Tensor", lambda d: A(t(d, 3, 4), t(d, 4)), (BOOL, I64)),
+    *(
+        C(name, lambda d: A(vals(d, -7, 5, -1, 2**40, 3, 9), vals(d, 1, 0, 70, 23, -1, 64)), (I64,))
+        for name in ("aten.bitwise_left_shift.Tensor", "aten.bitwise_right_shift.Tensor")
+    ),
+    *(
+        C(
+            name,
+            lambda d: A(vals(d, 12, -18, 0, 0, 7, -(2**40)), vals(d, 8, 12, 0, 5, -21, 6)),
+            (I64,),
+        )
+        for name in ("aten.gcd.default", "aten.lcm.default")
+    ),
     C("aten.logical_xor.default", lambda d: A(small(d, 3, 4), small(d, 4)), (BOOL, F32, I64)),
     C("aten.logical_xor.default", lambda d: A(specials(d, 3, 4), small(d, 3, 4)), (F32,), "nan"),
     C("aten.flip.default", lambda d: A(t(d, 2, 3, 4), [0, -1]), (F32, BF16, I64)),

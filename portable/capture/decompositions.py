@@ -321,6 +321,17 @@ def _new_empty_strided(
     return _empty_strided(size, stride, dtype=dtype or x.dtype, device=device or x.device)
 
 
+def _shift(op: Any) -> Callable[..., torch.Tensor]:
+    # x << y and x >> y (`__lshift__` / `__rshift__`, which core ATen keeps) are the
+    # bitwise shift ops of the same kernels; a Python shift becomes a 0-d tensor of x's dtype
+    def shift(x: torch.Tensor, y: Any) -> torch.Tensor:
+        if not isinstance(y, torch.Tensor):
+            y = aten.scalar_tensor.default(y, dtype=x.dtype, device=x.device)
+        return op(x, y)
+
+    return shift
+
+
 # ops core ATen keeps whole that the opset spells with other ops
 def _efficient_zeros(
     size: list[int],
@@ -352,6 +363,10 @@ _EXTRA = {
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
     aten.logit.default: _logit,
+    aten.__lshift__.Tensor: _shift(aten.bitwise_left_shift.Tensor),
+    aten.__lshift__.Scalar: _shift(aten.bitwise_left_shift.Tensor),
+    aten.__rshift__.Tensor: _shift(aten.bitwise_right_shift.Tensor),
+    aten.__rshift__.Scalar: _shift(aten.bitwise_right_shift.Tensor),
     aten.empty_strided.default: _empty_strided,
     aten.new_empty_strided.default: _new_empty_strided,
     aten.replication_pad1d_backward.default: _replication_pad_backward,

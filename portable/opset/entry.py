@@ -16,6 +16,7 @@ FLOAT = "float"
 NUMERIC = "numeric"  # int or float, not bool
 ANY = "any"
 UINT8 = "uint8"
+INTEGER = "integer"  # int, not bool
 
 _FLOAT_DTYPES = {torch.float16, torch.bfloat16, torch.float32, torch.float64}
 
@@ -124,6 +125,8 @@ class OpDef:
             return dtype in _FLOAT_DTYPES
         if self.dtypes == UINT8:
             return dtype == torch.uint8
+        if self.dtypes == INTEGER:
+            return not (dtype.is_floating_point or dtype.is_complex or dtype == torch.bool)
         return dtype != torch.bool  # NUMERIC
 
 

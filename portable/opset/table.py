@@ -29,6 +29,7 @@ from .entry import (  # noqa: F401 (re-exported: passes import trait names from 
     ELEMENTWISE,
     FLOAT,
     IDENTITY,
+    INTEGER,
     MATMUL,
     NUMERIC,
     PERMUTE,
@@ -168,6 +169,20 @@ _ATEN: tuple[OpDef, ...] = (
         "min(max(x, lo), hi) with tensor bounds (NaN in any operand propagates)",
     ),
     _e("aten.bitwise_xor.Tensor", ANY, "broadcast", "logical / bitwise exclusive or"),
+    _e(
+        "aten.bitwise_left_shift.Tensor",
+        INTEGER,
+        "broadcast",
+        "x << y; 0 where y < 0 or y >= the bit width (torch's kernel)",
+    ),
+    _e(
+        "aten.bitwise_right_shift.Tensor",
+        INTEGER,
+        "broadcast",
+        "x >> y, arithmetic; the sign (0 or -1) where y < 0 or y >= the bit width",
+    ),
+    _e("aten.gcd.default", INTEGER, "broadcast", "greatest common divisor, >= 0; gcd(0, 0) = 0"),
+    _e("aten.lcm.default", INTEGER, "broadcast", "|x / gcd(x, y) * y|; 0 where gcd is 0"),
     _e("aten.logical_xor.default", ANY, "broadcast", "x xor y, nonzero as true (bool result)"),
     _e("aten.copysign.Tensor", FLOAT, "broadcast", "|x| with the sign bit of y"),
     # comparisons

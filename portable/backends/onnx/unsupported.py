@@ -104,4 +104,11 @@ LINALG: dict[str, str] = {
     "aten.ormqr.default": "ONNX has no Householder reflector product",
 }
 
-UNSUPPORTED: dict[str, str] = {**SPECIAL, **SELECTION, **SPATIAL, **LINALG}
+# core ops (portable/opset/table.py) without an ONNX rule
+CORE: dict[str, str] = {
+    "aten.bitwise_left_shift.Tensor": "ONNX BitShift takes unsigned integers only",
+    "aten.bitwise_right_shift.Tensor": "ONNX BitShift takes unsigned integers only",
+    "aten.gcd.default": _NO_OP,
+    "aten.lcm.default": _NO_OP,
+}
+UNSUPPORTED: dict[str, str] = {**CORE, **SPECIAL, **SELECTION, **SPATIAL, **LINALG}

@@ -136,6 +136,43 @@ for _names, _binary_fn in _BINARY.items():
 RULES.register("aten.clamp.Tensor")(clamp)  # scalar and tensor bounds lower alike
 
 
+def _shift_operands(ctx, x, y):
+    dtype = out_dtype(ctx)
+    x, y = as_array(x, dtype), as_array(y, dtype)
+    # torch's kernels compare the shift as unsigned: a negative one is past the width too
+    past = (y < 0) | (y >= jnp.iinfo(dtype).bits)
+    return x, jnp.where(past, 0, y), past
+
+
+@RULES.register("aten.bitwise_left_shift.Tensor")
+def bitwise_left_shift(ctx, x, y):
+    x, y, past = _shift_operands(ctx, x, y)
+    return jnp.where(past, 0, jnp.left_shift(x, y)).astype(x.dtype)
+
+
+@RULES.register("aten.bitwise_right_shift.Tensor")
+def bitwise_right_shift(ctx, x, y):
+    x, y, past = _shift_operands(ctx, x, y)
+    sign = jnp.where(x < 0, -jnp.ones_like(x), jnp.zeros_like(x))
+    return jnp.where(past, sign, jnp.right_shift(x, y)).astype(x.dtype)  # arithmetic: signed
+
+
+@RULES.register("aten.gcd.default")
+def gcd(ctx, x, y):
+    dtype = out_dtype(ctx)
+    return jnp.gcd(as_array(x, dtype), as_array(y, dtype))
+
+
+@RULES.register("aten.lcm.default")
+def lcm(ctx, x, y):
+    # torch: g = gcd(x, y); g == 0 ? 0 : |x / g * y| (the division exact, then the product)
+    dtype = out_dtype(ctx)
+    x, y = as_array(x, dtype), as_array(y, dtype)
+    g = jnp.gcd(x, y)
+    safe = jnp.where(g == 0, jnp.ones_like(g), g)
+    return jnp.where(g == 0, jnp.zeros_like(g), jnp.abs(jax.lax.div(x, safe) * y))
+
+
 @RULES.register("aten.logical_xor.default")
 def logical_xor(ctx, x, y):
     return jnp.logical_xor(x, y)

@@ -16,6 +16,7 @@ import portable
 from portable.errors import VerifyError
 from portable.ir.parser import parse_program
 from portable.ir.serialize import program_to_json
+from portable.opset import OPSET_VERSION
 from tests.support import EXAMPLES, load_spec
 
 KINDS = ("inference", "training")
@@ -72,7 +73,8 @@ def test_a_parsed_program_runs_as_the_captured_one() -> None:
 
 def test_weights_are_zeros_unless_given_and_metadata_merges() -> None:
     parsed = parse_program(_captured("mlp", "training").text(), metadata={"note": "x"})
-    assert parsed.metadata == {"name": "MLP.train_step", "opset_version": "1.4", "note": "x"}
+    want = {"name": "MLP.train_step", "opset_version": OPSET_VERSION, "note": "x"}
+    assert parsed.metadata == want
     weight = parsed.weights["fc1.weight"]
     assert weight.shape == (64, 32) and not weight.any()
     updated = parsed.signature.outputs[1]

@@ -46,7 +46,7 @@ from .entry import entry as _e
 from .families import FAMILIES
 from .portable_entries import PORTABLE
 
-OPSET_VERSION = "1.4"
+OPSET_VERSION = "1.5"
 
 _ATEN: tuple[OpDef, ...] = (
     # elementwise arithmetic

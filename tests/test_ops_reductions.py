@@ -281,3 +281,23 @@ def test_cumprod_training_step():
     torch.manual_seed(0)
     x = torch.randn(5, 6)
     _check_training(Survival(), x, torch.randn(5, 4))
+
+
+@pytest.mark.parametrize("lower", [True, False])
+def test_triangle_indices_as_eager_on_every_backend(lower):
+    """tril_indices / triu_indices (pairwise-feature and attention-bias code): static grids
+    sorted into the triangle's row-major order, exact on every backend."""
+    fn = torch.tril_indices if lower else torch.triu_indices
+
+    class Pairs(torch.nn.Module):
+        def forward(self, x):
+            return tuple(
+                fn(r, c, o) + x for r, c, o in ((4, 5, 0), (4, 5, -2), (3, 3, 5), (6, 2, 1))
+            )
+
+    x = torch.zeros((), dtype=torch.int64)
+    program = portable.capture(Pairs(), (x,))
+    want = Pairs()(x)
+    for backend in ("cpu", "xla", "onnx"):
+        got = portable.compile(program, backend=backend)(x)
+        assert all(torch.equal(g, w) for g, w in zip(got, want, strict=True)), backend

@@ -332,6 +332,45 @@ def _shift(op: Any) -> Callable[..., torch.Tensor]:
     return shift
 
 
+def _triangle_indices(lower: bool) -> Callable[..., torch.Tensor]:
+    # tril_indices / triu_indices(row, col, offset): the (i, j) of the triangle in row-major
+    # order, [2, n]. Every argument is static: the flat positions of the row x col grid, those
+    # outside the triangle keyed past the end, sorted (the keys are distinct), the first n kept
+    def indices(
+        row: int,
+        col: int,
+        offset: int = 0,
+        *,
+        dtype: torch.dtype | None = None,
+        layout: torch.layout | None = None,
+        device: torch.device | None = None,
+        pin_memory: bool | None = None,
+    ) -> torch.Tensor:
+        dtype = dtype or torch.int64
+        per_row = [
+            min(max(i + offset + 1, 0), col)
+            if lower
+            else min(max(col - max(i + offset, 0), 0), col)
+            for i in range(row)
+        ]
+        n, total = sum(per_row), row * col
+        if n == 0:
+            return aten.full.default([2, 0], 0, dtype=dtype, device=device)
+        flat = aten.arange.start_step(0, total, 1, dtype=torch.int64, device=device)
+        width = aten.scalar_tensor.default(col, dtype=torch.int64, device=device)
+        i = aten.div.Tensor_mode(flat, width, rounding_mode="floor")
+        j = aten.remainder.Scalar(flat, col)
+        diagonal = aten.sub.Tensor(j, i)
+        keep = aten.le.Scalar(diagonal, offset) if lower else aten.ge.Scalar(diagonal, offset)
+        key = aten.where.self(keep, flat, aten.add.Scalar(flat, total))
+        chosen = aten.slice.Tensor(aten.sort.default(key)[0], 0, 0, n)
+        rows = aten.div.Tensor_mode(chosen, width, rounding_mode="floor")
+        pairs = aten.stack.default([rows, aten.remainder.Scalar(chosen, col)])
+        return pairs if dtype == torch.int64 else aten._to_copy.default(pairs, dtype=dtype)
+
+    return indices
+
+
 # ops core ATen keeps whole that the opset spells with other ops
 def _efficient_zeros(
     size: list[int],
@@ -363,6 +402,8 @@ _EXTRA = {
     aten.masked_scatter.default: _masked_scatter,
     aten.masked_scatter_backward.default: _masked_scatter_backward,
     aten.logit.default: _logit,
+    aten.tril_indices.default: _triangle_indices(lower=True),
+    aten.triu_indices.default: _triangle_indices(lower=False),
     aten.__lshift__.Tensor: _shift(aten.bitwise_left_shift.Tensor),
     aten.__lshift__.Scalar: _shift(aten.bitwise_left_shift.Tensor),
     aten.__rshift__.Tensor: _shift(aten.bitwise_right_shift.Tensor),

@@ -51,9 +51,10 @@ SMALL = (
     "native_batch_norm",
 )
 # the SMALL ops whose first sample's training step must capture and match (abs needs sign in
-# the backward, cumsum flip); add's first sample is `add(float, tensor)`, which AOT autograd's
-# joint graph cannot take with its only tensor a parameter
+# the backward, cumsum flip; add's first sample adds two parameters, whose gradients are one
+# tensor)
 TRAINED = (
+    "add",
     "mul",
     "sin",
     "sum",
@@ -67,6 +68,24 @@ TRAINED = (
     "polygamma.polygamma_n_1",
     "nn.functional.bilinear",
     "linalg.solve",
+)
+# the small form's other dtypes: ops whose bfloat16 / int64 / bool samples each took a fix of
+# their own (rounding of the last 16-bit step, ties of unstable sorts, integer pow and
+# convolution, bool comparisons, bool values of (values, indices) ops, int64 shifts)
+OTHER_DTYPES = (
+    "var_mean",
+    "logit",
+    "sort",
+    "topk",
+    "pow",
+    "nn.functional.conv2d",
+    "nn.functional.avg_pool2d",
+    "lt",
+    "amax",
+    "cummax",
+    "floor",
+    "bitwise_left_shift",
+    "tril_indices",
 )
 _BAD = {"untyped", "wrong", "error"}
 
@@ -144,3 +163,17 @@ def test_sort_indices_compare_up_to_the_order_of_ties_only():
     other[0, [0, 1]] = other[0, [1, 0]]  # 1 and 2 swapped: another order of distinct values
     assert not opinfo._same_up_to_ties(ties, (values, other), (values, want))
     assert not opinfo._same_up_to_ties(ties, (values + 1, swapped), (values, want))
+
+
+@pytest.mark.slow
+def test_opinfo_bfloat16_int64_and_bool_samples_agree():
+    """The small form in the dtypes other than float32 (PORTABLE_SLOW=full sweeps them all)."""
+    dtypes = (torch.bfloat16, torch.int64, torch.bool)
+    found = _sweep(OTHER_DTYPES, 1, dtypes)
+    problems = [f"{c.op} {c.dtype} #{c.index}: {p}" for c in found for p in _problems(c)]
+    assert not problems, "\n".join(problems)
+    assert all(c.capture == "ok" for c in found if c.eager == "ok"), [
+        (c.op, c.dtype, c.why.get("capture"))
+        for c in found
+        if c.capture != "ok" and c.eager == "ok"
+    ]

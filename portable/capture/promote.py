@@ -118,9 +118,8 @@ def promote_operands(gm: torch.fx.GraphModule) -> None:
 def _bool_operands(node: torch.fx.Node, entry: object, out: torch.Tensor) -> bool:
     """Bool operands of a numeric op eager computes on bools, spelled in dtypes the op declares:
     cast to a non-bool result's dtype (`div` of bools, `mul(bool, 0.5)`, `bool ** 2`), or
-    computed as int32 0 / 1
-    (`_BOOL_COMPARISONS`, `_BOOL_AS_INT`, whose int32 result is cast back to bool). Whether it
-    rewrote the node."""
+    computed as int32 0 / 1 (`_BOOL_COMPARISONS`; `_BOOL_AS_INT`, whose int32 result is cast
+    back to bool). Whether it rewrote the node."""
     if getattr(entry, "dtypes", None) != NUMERIC:
         return False
     tensors = [a for a in node.args if _val(a) is not None]

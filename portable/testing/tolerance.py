@@ -11,9 +11,9 @@ measures on itself: what rounding alone can make of this program.
 - **Spread.** The reference runs a second time from inputs perturbed at rounding level: every
   float weight and float input element multiplied by `1 + u * eps` (`u` uniform in [-1, 1],
   `eps` the dtype's machine epsilon, a fixed seed; `u = +-1` for float16 and bfloat16, so that
-  every element moves by at least one ulp instead of rounding back to itself). A backward-stable implementation computes the
-  exact result of inputs perturbed that much, so `SPREAD_FACTOR * |perturbed - reference|` is
-  within rounding. This covers outputs and losses whose conditioning amplifies rounding.
+  every element moves by at least one ulp instead of rounding back to itself). A
+  backward-stable implementation computes the exact result of inputs perturbed that much, so
+  `SPREAD_FACTOR * |perturbed - reference|` is within rounding. This covers outputs and losses whose conditioning amplifies rounding.
 - **Optimizer noise** (training steps). Both runs give each step's gradient (recovered from the
   optimizer state, `_gradient`); `delta_t = SPREAD_FACTOR * max |g'_t - g_t|` over all gradient
   elements of the model (at least one ulp of the largest gradient) bounds the rounding error of

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 from onnxscript import ir, opset23
+from onnxscript.function_libs.torch_lib.ops import core as torchlib
 
 __all__ = ["TRANSLATIONS"]
 
@@ -346,9 +347,7 @@ def _integer_pow(base, exponent, dt):
     zero, one, two = _c(0, dt), _c(1, dt), _c(2, dt)
     negative = op.Less(exponent, zero)
     remaining = op.Where(negative, zero, exponent)
-    power = op.Mul(op.Mul(base, zero), zero)  # ones of the broadcast shape, below
-    power = op.Add(power, op.Mul(exponent, zero))
-    power = op.Add(power, one)
+    power = op.Add(op.Mul(op.Add(base, exponent), zero), one)  # ones, broadcast
     square = base
     for _ in range(int(8 * dt.itemsize) - 1):
         odd = op.Equal(op.Mod(remaining, two), one)
@@ -379,21 +378,21 @@ def pow_tensor_tensor(x, exponent):
     if _dtype(x).is_integer() and _dtype(exponent).is_integer():
         (x, exponent), dt, _ = _promote(x, exponent)
         return _integer_pow(x, exponent, dt)
-    return _torchlib().aten_pow(x, exponent)
+    return torchlib.aten_pow(x, exponent)
 
 
 def pow_tensor_scalar(x, exponent):
     if _dtype(x).is_integer() and isinstance(exponent, int) and not isinstance(exponent, bool):
         if exponent >= 0:  # eager refuses a negative one
             return _integer_pow_by(x, exponent, _dtype(x))
-    return _torchlib().aten_pow_tensor_scalar(x, exponent)
+    return torchlib.aten_pow_tensor_scalar(x, exponent)
 
 
 def pow_scalar(base, exponent):
     if isinstance(base, int) and not isinstance(base, bool) and _dtype(exponent).is_integer():
         dt = _dtype(exponent)
         return _integer_pow(_c(base, dt), exponent, dt)
-    return _torchlib().aten_pow_scalar(base, exponent)
+    return torchlib.aten_pow_scalar(base, exponent)
 
 
 def _rounding(name: str) -> Callable:
@@ -403,15 +402,9 @@ def _rounding(name: str) -> Callable:
     def rule(x):
         if not _dtype(x).is_floating_point():
             return op.Identity(x)
-        return getattr(_torchlib(), f"aten_{name}")(x)
+        return getattr(torchlib, f"aten_{name}")(x)
 
     return rule
-
-
-def _torchlib() -> Any:
-    from onnxscript.function_libs.torch_lib.ops import core
-
-    return core
 
 
 TRANSLATIONS: dict[torch._ops.OpOverload, Callable] = {

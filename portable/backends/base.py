@@ -418,10 +418,12 @@ class Backend(abc.ABC):
 
 
 def _node_dtypes(node: Any) -> list[str]:
-    """The dtype names of a node's tensor inputs and results, as recorded at capture."""
+    """The dtype names of a node's tensor inputs and its (first) result, as recorded at capture:
+    the further results of a tuple op are its int64 indices or statistics (`max_pool2d_with_
+    indices`, `sort`), which no dtype gap is about."""
     specs = [a.meta.get("tensor") for a in node.all_input_nodes]
     result = node.meta.get("tensor")
-    specs += list(result) if isinstance(result, tuple) else [result]
+    specs += list(result[:1]) if isinstance(result, tuple) else [result]
     names = (str(getattr(s, "dtype", "")).removeprefix("torch.") for s in specs)
     return list(dict.fromkeys(n for n in names if n))
 

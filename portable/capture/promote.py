@@ -166,7 +166,9 @@ def _bool_values_and_indices(node: torch.fx.Node) -> bool:
     x = node.args[0]
     val = _val(x)
     results = node.meta.get("val")
-    if val is None or val.dtype != torch.bool or not isinstance(results, (tuple, list)):
+    if not isinstance(x, torch.fx.Node) or val is None or val.dtype != torch.bool:
+        return False
+    if not isinstance(results, (tuple, list)):
         return False
     graph = node.graph
     with graph.inserting_before(node):

@@ -23,7 +23,7 @@ pytest.importorskip("expecttest")  # torch.testing._internal imports it
 pytest.importorskip("jax")
 pytest.importorskip("onnxruntime")
 
-from tests.support import opinfo  # noqa: E402
+from tests.support import opinfo, opinfo_agreement  # noqa: E402
 
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
 
@@ -155,14 +155,14 @@ def test_sort_indices_compare_up_to_the_order_of_ties_only():
     swapped[0, 2:] = want[0, 2:].flip(0)  # the two 3s
     swapped[1, :3] = want[1, :3].flip(0)  # the three 0s
     assert not torch.equal(swapped, want)
-    assert opinfo._same_up_to_ties(ties, (values, swapped), (values, want))
+    assert opinfo_agreement.same_up_to_ties(ties, (values, swapped), (values, want))
     twice = want.clone()
     twice[1, 0] = want[1, 1]
-    assert not opinfo._same_up_to_ties(ties, (values, twice), (values, want))
+    assert not opinfo_agreement.same_up_to_ties(ties, (values, twice), (values, want))
     other = want.clone()
     other[0, [0, 1]] = other[0, [1, 0]]  # 1 and 2 swapped: another order of distinct values
-    assert not opinfo._same_up_to_ties(ties, (values, other), (values, want))
-    assert not opinfo._same_up_to_ties(ties, (values + 1, swapped), (values, want))
+    assert not opinfo_agreement.same_up_to_ties(ties, (values, other), (values, want))
+    assert not opinfo_agreement.same_up_to_ties(ties, (values + 1, swapped), (values, want))
 
 
 @pytest.mark.slow

@@ -46,10 +46,10 @@ from portable.errors import LoweringError, PortableError
 from portable.testing import check_parity
 from portable.testing.runs import executable
 
+from .opinfo_agreement import close, mismatch, same, same_up_to_ties, tie_input
+
 DTYPES = (torch.float32, torch.bfloat16, torch.int64, torch.bool)
 BACKENDS = ("xla", "onnx")
-# torch.testing.assert_close's defaults: the tolerance OpInfo's own tests start from
-_CLOSE = {torch.float32: (1.3e-6, 1e-5), torch.bfloat16: (1.6e-2, 1e-5)}
 # ops whose values are uninitialized memory: only their shapes and dtypes are the op's contract
 _UNINITIALIZED = frozenset(
     {"empty", "new_empty", "empty_like", "empty_strided", "new_empty_strided", "empty_permuted"}
@@ -182,37 +182,6 @@ def _seeded(module: torch.nn.Module, inputs: tuple, seed: int) -> tuple | None:
     return _eager(module, inputs)
 
 
-def _same(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> bool:
-    return len(a) == len(b) and all(
-        x.shape == y.shape
-        and x.dtype == y.dtype
-        and torch.equal(x, y)
-        or (
-            x.shape == y.shape
-            and x.dtype == y.dtype
-            and x.is_floating_point()
-            and bool(((x == y) | (x.isnan() & y.isnan())).all())
-        )
-        for x, y in zip(a, b, strict=True)
-    )
-
-
-def _close(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> bool:
-    if len(got) != len(want):
-        return False
-    for g, w in zip(got, want, strict=True):
-        if g.shape != w.shape or g.dtype != w.dtype:
-            return False
-        rtol, atol = _CLOSE.get(w.dtype, (0.0, 0.0))
-        if w.is_complex():
-            rtol, atol = 1.3e-6, 1e-5
-        try:
-            torch.testing.assert_close(g, w, rtol=rtol, atol=atol, equal_nan=True)
-        except AssertionError:
-            return False
-    return True
-
-
 def _decomposes(module: torch.nn.Module, inputs: tuple) -> bool:
     """Whether torch.export plus core-ATen decomposition takes the sample at all."""
     try:
@@ -244,7 +213,7 @@ def _backend_rows(
                 report = check_parity(program, inputs, backends=[backend])
                 ok = report.ok or (
                     ties_of is not None
-                    and _same_up_to_ties(
+                    and same_up_to_ties(
                         ties_of,
                         tuple(pytree.tree_leaves(executable(program, backend)(*inputs))),
                         tuple(pytree.tree_leaves(executable(program, "cpu")(*inputs))),
@@ -257,55 +226,6 @@ def _backend_rows(
         case.backends[key] = "pass" if ok else "wrong"
         if not ok:
             case.why[key] = report.format().splitlines()[-1][:300]
-
-
-# ops whose indices of equal elements are in no specified order (torch.sort's stable=False):
-# which of their results are such indices
-_TIE_ORDERED = {"sort": (1,), "argsort": (0,), "msort": (), "topk": (1,)}
-
-
-def _tie_input(info: Any, sample: Any) -> tuple[torch.Tensor, tuple[int, ...]] | None:
-    """The input whose ties may be ordered freely and the index results, for an unstable sort
-    or topk sample."""
-    stable = sample.kwargs.get("stable", False)
-    if info.name not in _TIE_ORDERED or stable or not isinstance(sample.input, torch.Tensor):
-        return None
-    return sample.input, _TIE_ORDERED[info.name]
-
-
-def _same_up_to_ties(
-    ties: tuple[torch.Tensor, tuple[int, ...]],
-    got: Sequence[torch.Tensor],
-    want: Sequence[torch.Tensor],
-) -> bool:
-    """Every result but the index ones equal exactly; each index result distinct along some dim
-    d of the input and selecting the same values as the reference's (`x.gather(d, .)`): only
-    the order among equal elements may differ. Nothing else is accepted."""
-    x, indices = ties
-    if len(got) != len(want) or not x.dim():
-        return False
-    for i, (g, w) in enumerate(zip(got, want, strict=True)):
-        if i not in indices:
-            if not _same((g,), (w,)):
-                return False
-        elif g.shape != w.shape or g.dtype != w.dtype:
-            return False
-        elif not any(_selects_alike(x, g, w, d) for d in range(x.dim())):
-            return False
-    return True
-
-
-def _selects_alike(x: torch.Tensor, got: torch.Tensor, want: torch.Tensor, dim: int) -> bool:
-    if got.dim() != x.dim() or any(
-        a != b for i, (a, b) in enumerate(zip(got.shape, x.shape, strict=True)) if i != dim
-    ):
-        return False
-    if bool(((got < 0) | (got >= x.shape[dim])).any()):
-        return False
-    ordered = got.sort(dim=dim).values
-    if got.shape[dim] > 1 and bool((ordered.diff(dim=dim) == 0).any()):
-        return False  # an element taken twice
-    return _same((x.gather(dim, got),), (x.gather(dim, want),))
 
 
 def run_case(
@@ -329,11 +249,11 @@ def run_case(
         case.why["eager"] = "the result is not tensors"
         return case
     try:
-        same = _same(first, again)
+        repeatable = same(first, again)
     except Exception as error:  # noqa: BLE001 (sparse or complex-half results torch cannot compare)
         case.eager, case.why["eager"] = "skip", f"results not comparable: {_first_line(error)}"
         return case
-    if not same:
+    if not repeatable:
         case.eager = "random"
         return case
     case.eager = "ok"
@@ -354,12 +274,12 @@ def run_case(
         result = exe(*inputs)
         got = tuple(pytree.tree_leaves(result))
         want = first
-        case.cpu = "bit" if _same(got, want) else ("close" if _close(got, want) else "wrong")
+        case.cpu = "bit" if same(got, want) else ("close" if close(got, want) else "wrong")
         if case.cpu == "wrong":
-            case.why["cpu"] = _mismatch(got, want)
+            case.why["cpu"] = mismatch(got, want)
     except Exception as error:  # noqa: BLE001
         case.cpu, case.why["cpu"] = "error", _first_line(error)
-    _backend_rows(program, inputs, case, backends, ties_of=_tie_input(info, sample))
+    _backend_rows(program, inputs, case, backends, ties_of=tie_input(info, sample))
     if train and dtype == torch.float32 and info.supports_autograd:
         _train(info, sample, case, backends)
     return case
@@ -391,20 +311,6 @@ def _metadata_rows(
             case.backends[backend] = result
         if why:
             case.why[backend] = why
-
-
-def _mismatch(got: Sequence[torch.Tensor], want: Sequence[torch.Tensor]) -> str:
-    parts = []
-    for i, (g, w) in enumerate(zip(got, want, strict=False)):
-        if g.shape != w.shape or g.dtype != w.dtype:
-            parts.append(f"output {i}: {g.dtype}{list(g.shape)} vs {w.dtype}{list(w.shape)}")
-        elif g.is_floating_point():
-            parts.append(
-                f"output {i}: max abs {(g.double() - w.double()).abs().nan_to_num(0).max():.3g}"
-            )
-        else:
-            parts.append(f"output {i}: {int((g != w).sum())} elements differ")
-    return "; ".join(parts)[:300]
 
 
 def cotangent_loss(

@@ -129,6 +129,7 @@ _BINARY: dict[tuple[str, ...], Callable[..., jax.Array]] = {
     ("aten.remainder.Tensor", "aten.remainder.Scalar"): jnp.remainder,
     ("aten.fmod.Tensor", "aten.fmod.Scalar"): jnp.fmod,  # C's fmod; truncating on integers
     ("aten.bitwise_xor.Tensor",): jnp.bitwise_xor,
+    ("aten.gcd.default",): jnp.gcd,  # >= 0, gcd(0, 0) = 0, as torch's calc_gcd
 }
 for _names, _binary_fn in _BINARY.items():
     RULES.register(*_names)(opmath_binary(_binary_fn))
@@ -155,12 +156,6 @@ def bitwise_right_shift(ctx, x, y):
     x, y, past = _shift_operands(ctx, x, y)
     sign = jnp.where(x < 0, -jnp.ones_like(x), jnp.zeros_like(x))
     return jnp.where(past, sign, jnp.right_shift(x, y)).astype(x.dtype)  # arithmetic: signed
-
-
-@RULES.register("aten.gcd.default")
-def gcd(ctx, x, y):
-    dtype = out_dtype(ctx)
-    return jnp.gcd(as_array(x, dtype), as_array(y, dtype))
 
 
 @RULES.register("aten.lcm.default")

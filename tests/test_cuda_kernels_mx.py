@@ -14,6 +14,7 @@ from portable import mx  # noqa: E402
 from portable.backends.cuda.kernels import mx as kmx  # noqa: E402
 from portable.backends.cuda.kernels.launch import jit_function  # noqa: E402
 from portable.mx.vectors import cases, edge_blocks, fuzz  # noqa: E402
+from tests.support.mx_programs import same_bits  # noqa: E402
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # numpy: Inf / NaN on purpose
 
@@ -29,15 +30,6 @@ SHAPES = [((3, 64), -1), ((64, 5), 0), ((2, 32, 3), 1), ((96,), 0), ((150, 64), 
 @pytest.fixture(autouse=True)
 def interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit, except that any NaN matches any NaN (payloads are unspecified)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    nan = torch.isnan(a)
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(nan, torch.isnan(b)) and torch.equal(a[~nan].view(ints), b[~nan].view(ints))
 
 
 def assert_quantize_matches(x, fmt, axis, rule, block_size=32):

@@ -15,6 +15,7 @@ import portable
 from portable import mx
 from portable.mx import elements, scale
 from portable.mx.vectors import cases, edge_blocks, fuzz
+from tests.support.mx_programs import same_bits
 
 FORMATS = list(mx.FORMATS)
 RULES = list(mx.SCALE_RULES)
@@ -22,17 +23,6 @@ RULES = list(mx.SCALE_RULES)
 
 def unpacked(codes: torch.Tensor, fmt: str, axis: int = -1) -> torch.Tensor:
     return mx.unpack_fp4(codes, axis) if mx.FORMATS[fmt].packed else codes
-
-
-def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Equal bit for bit, except that any NaN matches any NaN (payloads are unspecified)."""
-    if a.shape != b.shape or a.dtype != b.dtype:
-        return False
-    nan = torch.isnan(a)
-    if not torch.equal(nan, torch.isnan(b)):
-        return False
-    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a[~nan].view(ints), b[~nan].view(ints))
 
 
 # ----------------------------------------------------------------------------- the format table

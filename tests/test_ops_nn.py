@@ -306,7 +306,7 @@ def test_int64_convolution_is_exact_on_xla_and_refused_on_onnx(name):
     for backend in ("cpu", "xla"):
         got = portable.compile(program, backend=backend)(x, w)
         assert got.dtype == torch.int64 and torch.equal(got, want), backend
-    with pytest.raises(LoweringError, match="no integer Conv"):
+    with pytest.raises(LoweringError, match="no int64 Conv kernel"):
         portable.compile(program, backend="onnx")
 
 

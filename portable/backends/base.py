@@ -39,6 +39,7 @@ from portable.runtime import Executable
 from .builtins import get_backend, registry
 
 __all__ = [
+    "INTEGER_DTYPES",
     "Backend",
     "Capabilities",
     "CheckedProgram",
@@ -146,6 +147,10 @@ class Capabilities:
         """(dtype, why) for the first of `dtypes` this backend cannot take `name` on, or None."""
         gaps = self.dtype_gaps.get(name, {})
         return next(((d, gaps[d]) for d in dtypes if d in gaps), None)
+
+
+# the integer dtype names a `dtype_gaps` entry lists for a backend whose kernel takes floats only
+INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 
 
 @dataclasses.dataclass

@@ -25,7 +25,7 @@ from portable.runtime import Executable
 from portable.torch_compat import copy_graph_module
 
 from .. import get_backend, registry
-from ..base import Backend, Capabilities, Lowered, Target, Written
+from ..base import INTEGER_DTYPES, Backend, Capabilities, Lowered, Target, Written
 from .decisions import Decision
 from .dispatch import planned_launches
 from .kernels.launch import KernelLaunch
@@ -55,8 +55,7 @@ _FLOAT_ONLY_ON_CUDA = (
     "aten.max_pool2d_with_indices.default",
 )
 _NO_INTEGER_KERNEL = {
-    name: "PyTorch's CUDA kernel for it takes floating-point types only"
-    for name in ("int64", "int32", "int16", "int8", "uint8")
+    name: "PyTorch's CUDA kernel for it takes floating-point types only" for name in INTEGER_DTYPES
 }
 
 

@@ -21,7 +21,7 @@ from portable.ir.source import source_of
 from portable.opset import bind, lookup, op_name, opset_table
 from portable.runtime import Executable
 
-from ..base import Backend, Capabilities, Lowered, Target, Written
+from ..base import INTEGER_DTYPES, Backend, Capabilities, Lowered, Target, Written
 from .unsupported import UNSUPPORTED
 
 if TYPE_CHECKING:
@@ -68,23 +68,17 @@ _DTYPE_GAPS = {
 }
 
 
-# ONNX Runtime's Conv / ConvTranspose have float kernels only
-_DTYPE_GAPS["aten.convolution.default"] = {
-    name: "ONNX Runtime's CPU provider has no integer Conv kernel"
-    for name in ("int64", "int32", "int16", "int8", "uint8")
-}
-
-
-# ONNX Runtime's AveragePool has float kernels only, MaxPool float and 8-bit ones
-for _name in ("aten.avg_pool2d.default", "aten.avg_pool3d.default"):
+# ONNX Runtime's Conv / ConvTranspose and AveragePool have float kernels only, its MaxPool float
+# and 8-bit ones
+for _name, _kernel, _dtypes in (
+    ("aten.convolution.default", "Conv", INTEGER_DTYPES),
+    ("aten.avg_pool2d.default", "AveragePool", INTEGER_DTYPES),
+    ("aten.avg_pool3d.default", "AveragePool", INTEGER_DTYPES),
+    ("aten.max_pool2d_with_indices.default", "MaxPool", ("int64", "int32", "int16")),
+):
     _DTYPE_GAPS[_name] = {
-        n: "ONNX Runtime's CPU provider has no integer AveragePool kernel"
-        for n in ("int64", "int32", "int16", "int8", "uint8")
+        d: f"ONNX Runtime's CPU provider has no {d} {_kernel} kernel" for d in _dtypes
     }
-_DTYPE_GAPS["aten.max_pool2d_with_indices.default"] = {
-    n: "ONNX Runtime's CPU provider has no MaxPool kernel for it (float, int8 and uint8 only)"
-    for n in ("int64", "int32", "int16")
-}
 
 # ops torch computes in the half type itself, step by step, where ONNX Runtime (and the
 # bfloat16 rewrite) compute float32 and round once (translations/spatial.py)

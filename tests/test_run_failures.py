@@ -214,8 +214,12 @@ RAISED = {
     "message": "RuntimeError: boom",
     "traceback": 'Traceback:\n  File "<eval_with_key>.2", line 5, in forward\n',
 }
+STOPPED = {"exitcode": -15, "signal": "SIGTERM", "pid": 1000, "message": "", "traceback": None}
 MESSAGES = [
     ({1: KILLED}, {0: COLLECTIVE}, {}, "rank 1 of 2 was killed by signal SIGKILL (9) in step 3"),
+    # torchrun saw rank 1 die before rank 0's collective failed, SIGTERMed rank 0 and recorded
+    # it as failed too: rank 0 is not the cause although its number is lower
+    ({0: STOPPED, 1: KILLED}, {}, {}, "rank 1 of 2 was killed by signal SIGKILL (9) in step 3"),
     # the rank raised, then torchrun's SIGTERM ended it: the exception is the cause
     ({1: RAISED, 0: KILLED}, {}, {}, "rank 1 of 2 failed in step 3: RuntimeError: boom"),
     ({}, {0: COLLECTIVE}, {1: "stopped"}, "rank 1 of 2 hung in step 3: no heartbeat for 3.5s"),

@@ -107,9 +107,18 @@ class _Ranks:
         if self.hung:
             return min(self.hung)
         died = [r for r in self.failures if r not in self.reports]
-        if died:  # an exception first: torchrun may have stopped that rank with SIGTERM after it
-            return min(died, key=lambda r: (not _raised(self.failures[r]), r))
+        if died:
+            return min(died, key=self._blame)
         return min(self.reports) if self.reports else None
+
+    def _blame(self, rank: int) -> tuple[bool, bool, float, int]:
+        """Sort key, the likeliest cause first. An exception first: torchrun may have stopped
+        that rank with SIGTERM after it raised. Then a death by any other means before one by
+        SIGTERM: once a rank fails, torchrun SIGTERMs the others and records them as failed too.
+        Then the earlier death, then the lower rank."""
+        failure = self.failures[rank]
+        stopped_by_torchrun = failure.get("signal") == "SIGTERM" and not _raised(failure)
+        return (not _raised(failure), stopped_by_torchrun, _when(failure), rank)
 
     def where(self, rank: int) -> str:
         beat: Beat | None = self.beats.get(rank)
@@ -160,6 +169,11 @@ class _Ranks:
 def _raised(failure: Mapping[str, Any]) -> bool:
     """The rank raised an exception (`@record` wrote it), whatever ended its process then."""
     return bool(failure.get("traceback"))
+
+
+def _when(failure: Mapping[str, Any]) -> float:
+    stamp = failure.get("timestamp")
+    return float(stamp) if isinstance(stamp, (int, float)) else float("inf")
 
 
 def _ended(failure: Mapping[str, Any]) -> str:

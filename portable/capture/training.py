@@ -25,6 +25,31 @@ from .build import tensor_meta
 from .decompositions import decompositions
 
 STEP_TARGET = "optimizer.step"
+PHASE = "phase"  # node.meta key: "forward", "backward" or "optimizer" in a training step
+MICRO_BATCH = "micro_batch"  # node.meta key: the micro-batch a forward/backward node belongs to
+
+
+def tag_phases(program: Program, micro_batch: int = 0) -> None:
+    """Mark each op of a joint forward+backward graph: `forward` if the loss depends on it,
+    else `backward`; every op gets `micro_batch`. Ops already tagged keep their tag."""
+    graph = program.graph
+    out_args = typing.cast(tuple[torch.fx.Node, ...], graph.output_node().args[0])
+    loss = next(
+        v for o, v in zip(program.signature.outputs, out_args, strict=True)
+        if o.kind == OutputKind.LOSS
+    )
+    forward: set[torch.fx.Node] = set()
+    stack = [loss]
+    while stack:
+        node = stack.pop()
+        if node in forward or node.op != "call_function":
+            continue
+        forward.add(node)
+        stack.extend(node.all_input_nodes)
+    for node in graph.nodes:
+        if node.op == "call_function" and PHASE not in node.meta:
+            node.meta[PHASE] = "forward" if node in forward else "backward"
+            node.meta[MICRO_BATCH] = micro_batch
 
 
 def _placeholder_name(target: str) -> str:
@@ -32,6 +57,7 @@ def _placeholder_name(target: str) -> str:
 
 
 def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
+    tag_phases(program)
     graph = program.graph
     sig = program.signature
     grads = sig.outputs_of(OutputKind.GRADIENT)
@@ -117,6 +143,8 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
         # `update` returns a flat tuple, so the copy's result is a tuple of nodes
         results = typing.cast(tuple[torch.fx.Node, ...], graph.graph_copy(traced.graph, val_map))
     for node in graph.nodes:
+        if node.op == "call_function" and PHASE not in node.meta:
+            node.meta[PHASE] = "optimizer"
         if node.op == "call_function" and "source" not in node.meta:
             node.meta["source"] = SourceLoc(module=f"optimizer.{optimizer.kind}")
         if "tensor" not in node.meta and "val" in node.meta:

@@ -274,7 +274,24 @@ def _encode_node(node: torch.fx.Node) -> dict[str, Json]:
         out["tensor"] = _encode_tensor(node.meta["tensor"], node.name)
     if "source" in node.meta:
         out["source"] = _encode_source(node.meta["source"], node.name)
+    if node.meta.get("phase") in PHASES:
+        out["phase"] = [node.meta["phase"], int(node.meta.get("micro_batch", 0))]
     return out
+
+
+PHASES = ("forward", "backward", "optimizer")  # a training step's parts (capture/training.py)
+
+
+def _decode_phase(data: Json, name: str) -> tuple[str, int]:
+    if (
+        isinstance(data, list)
+        and len(data) == 2
+        and data[0] in PHASES
+        and type(data[1]) is int
+        and 0 <= data[1] < 1 << 16
+    ):
+        return data[0], data[1]
+    raise malformed(f"node {name} has a bad phase {_short(data)}")
 
 
 def _target(op: Json) -> tuple[str, Any]:
@@ -296,7 +313,7 @@ def _target(op: Json) -> tuple[str, Any]:
     return "call_function", entry.overload
 
 
-_NODE_FIELDS = frozenset({"name", "op", "args", "kwargs", "tensor", "source"})
+_NODE_FIELDS = frozenset({"name", "op", "args", "kwargs", "tensor", "source", "phase"})
 
 
 def _decode_graph(nodes: Json) -> torch.fx.GraphModule:
@@ -339,6 +356,8 @@ def _decode_graph(nodes: Json) -> torch.fx.GraphModule:
             node.meta["tensor"] = _decode_tensor(data["tensor"])
         if "source" in data:
             node.meta["source"] = _decode_source(data["source"])
+        if "phase" in data:
+            node.meta["phase"], node.meta["micro_batch"] = _decode_phase(data["phase"], name)
         env[name] = node
     if nodes[-1].get("op") != "output" or sum(n.op == "output" for n in graph.nodes) != 1:
         raise malformed("the graph must end with its one output node")

@@ -34,6 +34,7 @@ from .errors import (
 from .ir.plan import Mesh, PartitionSpec, Plan
 from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind
+from .recipe import LossScale, Precision, Recipe
 from .runtime import Executable, StepResult
 from .verify import verify
 from .version import __version__ as __version__
@@ -56,6 +57,7 @@ __all__ = [
     "Executable",
     "InputError",
     "InputKind",
+    "LossScale",
     "LoweringError",
     "Mesh",
     "ModelSpec",
@@ -65,8 +67,10 @@ __all__ = [
     "Plan",
     "PlanError",
     "PortableError",
+    "Precision",
     "Program",
     "ProgramKind",
+    "Recipe",
     "RegistryError",
     "ResourceLimitError",
     "StepResult",
@@ -74,8 +78,8 @@ __all__ = [
     "capture",
     "capture_spec",
     "compile",
-    "load",
     "limits",
+    "load",
     "lower",
     "optim",
     "parallel",

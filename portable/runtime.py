@@ -7,8 +7,9 @@ training step to the next, and shaping results.
 
 - inference: `exe(*inputs)` returns the output tensor, or a tuple when there are several; an
   input the model writes into (an `updated_input` output) gets its new value copied in.
-- training step: `exe(*batch)` performs one step and returns `StepResult(loss, state)`; the
-  executable keeps the new state for the next call (`exe.state`).
+- training step: `exe(*batch)` performs one step and returns `StepResult(loss, state, metrics)`
+  (`.lr`, `.grad_norm`, `.loss_scale`); the executable keeps the new state for the next call
+  (`exe.state`).
 """
 
 from __future__ import annotations
@@ -32,8 +33,27 @@ FlatFn = Callable[[Sequence[torch.Tensor]], Sequence[torch.Tensor]]
 
 @dataclasses.dataclass(frozen=True)
 class StepResult:
+    """One training step's loss, the state after it, and its metrics (METRIC outputs by name:
+    `lr` always, `grad_norm` with clip_grad_norm, `loss_scale` with float16 compute)."""
+
     loss: torch.Tensor
     state: dict[str, torch.Tensor]  # weight key (e.g. "fc1.weight", "optimizer.step") -> value
+    metrics: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
+
+    @property
+    def lr(self) -> torch.Tensor | None:
+        """The learning rate this step used (the optimizer's base group)."""
+        return self.metrics.get("lr")
+
+    @property
+    def grad_norm(self) -> torch.Tensor | None:
+        """The global gradient norm before clipping (None without clip_grad_norm)."""
+        return self.metrics.get("grad_norm")
+
+    @property
+    def loss_scale(self) -> torch.Tensor | None:
+        """The loss scale this step used (None without float16 compute)."""
+        return self.metrics.get("loss_scale")
 
 
 class Executable:
@@ -81,18 +101,21 @@ class Executable:
         """Keep the updated state for the next call; the result has the LOSS output."""
         loss = None
         new_state = dict(self.state)
+        metrics = {}
         for spec, value in zip(self.program.signature.outputs, outputs, strict=True):
             if spec.kind is OutputKind.LOSS:
                 loss = value
             elif spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE):
                 new_state[spec.key] = value
+            elif spec.kind is OutputKind.METRIC:
+                metrics[spec.name] = value
         if loss is None:  # capture always declares one; a hand-built program may not
             raise InputError(
                 f"training step {self.program.name} has no loss output",
                 fix="declare the loss among the signature's outputs (OutputKind.LOSS)",
             )
         self.state = new_state
-        return StepResult(loss, dict(new_state))
+        return StepResult(loss, dict(new_state), metrics)
 
     def _flatten(self, inputs: Sequence[torch.Tensor]) -> list[torch.Tensor]:
         return flatten_inputs(self.program, inputs, self.state)

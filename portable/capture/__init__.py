@@ -26,8 +26,12 @@ from ..ir.program import Program, ProgramKind
 from ..ir.source import SourceLoc, from_fx_meta
 from ..opset.bind import bind
 from ..optim import AdamW, as_optimizer
+from ..recipe import Precision, Recipe
+from ..schedules import as_schedule
 from ..torch_compat import quiet_internal_warnings
 from ..verify import verify
+from .accumulate import micro_batch, unroll
+from .autocast import Autocast
 from .build import annotate, to_program
 from .complex_pairs import lower_complex
 from .decompositions import decompositions, without_error_checks
@@ -49,15 +53,23 @@ _WRAPPER_PREFIX = "model."
 
 
 class _LossStep(torch.nn.Module):
-    """forward(*batch) = loss_fn(model, *batch): what a training step differentiates."""
+    """forward(*batch) = loss_fn(model, *batch) / accumulate: what a training step
+    differentiates (for one micro-batch), under the recipe's autocast policy."""
 
-    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
+    def __init__(
+        self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor], recipe: Recipe
+    ) -> None:
         super().__init__()
         self.model = model
         self.loss_fn = loss_fn
+        self.recipe = recipe
 
     def forward(self, *batch: Any, **kwargs: Any) -> torch.Tensor:
-        return self.loss_fn(self.model, *batch, **kwargs)
+        precision = self.recipe.precision
+        with Autocast(precision.compute_dtype) if precision.mixed else contextlib.nullcontext():
+            loss = self.loss_fn(self.model, *batch, **kwargs)
+        n = self.recipe.accumulate
+        return loss if n == 1 else loss / n
 
 
 def capture(
@@ -70,12 +82,21 @@ def capture(
     plan: Plan | None = None,
     dynamic_shapes: Any = None,
     name: str | None = None,
+    schedule: Any = None,
+    clip_grad_norm: float | None = None,
+    clip_grad_value: float | None = None,
+    precision: Precision | None = None,
+    accumulate: int = 1,
+    remat: str = "none",
 ) -> Program:
     """Capture `model` into a Program.
 
     Without `loss_fn`: an inference program of `model(*example_inputs, **kwargs)` in eval mode.
     With `loss_fn` (and `optimizer`): a training-step program of one optimizer step on
-    `loss_fn(model, *example_inputs, **kwargs)` in train mode; `example_inputs` is then the batch.
+    `loss_fn(model, *example_inputs, **kwargs)` in train mode; `example_inputs` is then the batch,
+    and the recipe (`schedule`: a `portable.schedules` value or the torch lr_scheduler built on
+    `optimizer`; `clip_grad_norm`/`clip_grad_value`; `precision`; `accumulate`: micro-batches
+    along dim 0; `remat`: the remat pass's policy) is part of the program (portable/recipe.py).
     The model itself is left unchanged (mode and buffers are restored).
     """
     if not isinstance(model, torch.nn.Module):
@@ -87,10 +108,18 @@ def capture(
     check_tensors(model, args, kwargs or {})
     name = name or type(model).__name__
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
+    recipe_args = {
+        "schedule": schedule,
+        "clip_grad_norm": clip_grad_norm,
+        "clip_grad_value": clip_grad_value,
+        "precision": precision,
+        "accumulate": accumulate,
+        "remat": remat,
+    }
     try:
         with quiet_internal_warnings():
             program = _capture(
-                model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options
+                model, args, kwargs, loss_fn, optimizer, dynamic_shapes, name, options, recipe_args
             )
         if plan is not None:
             plan.validate(program.tensor_shapes())
@@ -113,11 +142,14 @@ def _capture(
     dynamic_shapes: Any,
     name: str,
     options: dict[str, Any],
+    recipe_args: dict[str, Any],
 ) -> Program:
     if loss_fn is None:
-        if optimizer is not None:
+        given = [k for k, v in recipe_args.items() if v not in (None, 1, "none")]
+        if optimizer is not None or given:
+            what = ", ".join(["optimizer"] * (optimizer is not None) + given)
             raise CaptureError(
-                "optimizer given without loss_fn", fix="pass loss_fn=... for a training step"
+                f"{what} given without loss_fn", fix="pass loss_fn=... for a training step"
             )
         with _mode(model, training=False):
             program = _capture_inference(model, args, kwargs, dynamic_shapes, name, options)
@@ -128,12 +160,51 @@ def _capture(
             )
         trainable = {n: p for n, p in model.named_parameters() if p.requires_grad}
         opt = as_optimizer(optimizer, trainable)
+        recipe = _recipe(optimizer, recipe_args)
         loss_fn = as_loss_fn(loss_fn, args, kwargs or {})
         options["optimizer"] = opt.to_dict()
         with _mode(model, training=True):
-            program = _capture_training(model, loss_fn, args, kwargs, dynamic_shapes, name, options)
-            program = add_optimizer(program, opt)
+            program = _capture_training(
+                model, loss_fn, args, kwargs, dynamic_shapes, name, options, recipe
+            )
+            program = add_optimizer(program, opt, recipe)
     return program
+
+
+def _recipe(optimizer: Any, given: dict[str, Any]) -> Recipe:
+    """The Recipe of capture's arguments; a torch scheduler must drive the optimizer given."""
+    scheduler = given["schedule"]
+    if isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        if scheduler.optimizer is not optimizer:
+            raise CaptureError(
+                f"schedule={type(scheduler).__name__} drives another optimizer than the one "
+                "passed as optimizer=",
+                fix="build the scheduler on the optimizer you pass: "
+                "schedule=LinearLR(optimizer, ...)",
+            )
+    elif isinstance(optimizer, torch.optim.Optimizer) and _has_scheduler(optimizer):
+        raise CaptureError(
+            f"a learning-rate scheduler is attached to {type(optimizer).__name__}, but none "
+            "was passed: the program would train at a constant lr",
+            fix="pass it too: portable.capture(..., optimizer=opt, schedule=scheduler)",
+        )
+    schedule, start = as_schedule(scheduler)
+    return Recipe(
+        schedule=None if scheduler is None else schedule,
+        start=start,
+        clip_grad_norm=given["clip_grad_norm"],
+        clip_grad_value=given["clip_grad_value"],
+        precision=given["precision"] or Precision(),
+        accumulate=given["accumulate"],
+        remat=given["remat"],
+    )
+
+
+def _has_scheduler(optimizer: torch.optim.Optimizer) -> bool:
+    # torch's LRScheduler wraps the optimizer's step and records each group's initial_lr
+    return hasattr(optimizer.step, "_wrapped_by_lr_sched") or any(
+        "initial_lr" in g for g in optimizer.param_groups
+    )
 
 
 def capture_spec(
@@ -287,8 +358,16 @@ def _capture_training(
     dynamic_shapes: Any,
     name: str,
     options: dict[str, Any],
+    recipe: Recipe,
 ) -> Program:
-    step = _LossStep(model, loss_fn)
+    step = _LossStep(model, loss_fn, recipe)
+    if recipe.accumulate > 1:
+        if kwargs or dynamic_shapes is not None:
+            raise CaptureError(
+                "accumulate > 1 with keyword batch inputs or dynamic shapes",
+                fix="pass the batch positionally, with static shapes",
+            )
+        args = micro_batch(args, recipe.accumulate)
     ep = _export(step, args, kwargs, dynamic_shapes, "exporting the loss")
     refuse_autocast(ep.graph_module, _WRAPPER_PREFIX)
     _check_scalar_loss(ep)
@@ -316,7 +395,7 @@ def _capture_training(
         ep, ProgramKind.TRAINING_STEP, name=name, strip_prefix=_WRAPPER_PREFIX, options=options
     )
     program.metadata["tied_weights"] = tied
-    return program
+    return unroll(program, recipe.accumulate)
 
 
 def _check_scalar_loss(ep: ExportedProgram) -> None:

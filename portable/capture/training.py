@@ -1,16 +1,31 @@
-"""Complete a joint forward+backward graph into a training step: splice in the optimizer update.
+"""Complete a joint forward+backward graph into a training step: splice in the recipe's update.
 
 torch.export + AOT autograd give a graph `(params, buffers, batch) -> (buffer updates, loss,
-gradients)`. This module adds optimizer-state inputs, traces the optimizer's functional update
-(`portable.optim`) to core ATen with `make_fx`, copies it into the graph, and rewrites the outputs
-to `(loss, updated parameters, updated optimizer state, updated buffers)`, each updated value
-aliasing the input it replaces. Gradients are consumed inside the graph.
+gradients)` (with accumulation, N forward/backward pairs whose gradients are summed:
+accumulate.py). This module adds the step's state inputs (the step counter, per-parameter
+optimizer state, the loss scale), traces the update with `make_fx` to core ATen and copies it into
+the graph. The update, in the order of the eager loop it replaces:
+
+    grads = grads * (1 / scale), found_inf = any non-finite     scaler.unscale_(opt)  (float16)
+    grad_norm = ||(||g_1||, ..., ||g_n||)||; grads *= min(1, max_norm / (grad_norm + 1e-6))
+                                                                clip_grad_norm_(params, max_norm)
+    grads = clamp(grads, -v, v)                                 clip_grad_value_(params, v)
+    lr_g = schedule.lr(start + step, base_lr_g) per group       scheduler.get_last_lr()
+    params, state = optimizer.update(..., lr_g, weight_decay_g) opt.step()
+    skip the update where found_inf; scale grows / backs off    scaler.step(opt); scaler.update()
+
+Outputs become `(loss, updated parameters, updated step state, updated buffers, metrics)`, each
+updated value aliasing the input it replaces; the metrics are `lr` (the optimizer's base group),
+`grad_norm` (the pre-clip global norm, with clip_grad_norm) and `loss_scale` (float16).
+Gradients are consumed inside the graph.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import typing
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -21,12 +36,19 @@ from ..ir.program import Program
 from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
 from ..ir.source import SourceLoc
 from ..optim import Optimizer
+from ..recipe import Recipe
 from .build import tensor_meta
 from .decompositions import decompositions
 
+__all__ = ["MICRO_BATCH", "PHASE", "STEP_TARGET", "add_optimizer", "tag_phases"]
+
 STEP_TARGET = "optimizer.step"
+SCALE_TARGET = "amp.scale"
+TRACKER_TARGET = "amp.growth_tracker"
 PHASE = "phase"  # node.meta key: "forward", "backward" or "optimizer" in a training step
 MICRO_BATCH = "micro_batch"  # node.meta key: the micro-batch a forward/backward node belongs to
+MICRO_LOSS = "micro_loss"  # node.meta key: True on each micro-batch's loss (accumulate.py)
+CLIP_EPS = 1e-6  # torch.nn.utils.clip_grad_norm_'s
 
 
 def tag_phases(program: Program, micro_batch: int = 0) -> None:
@@ -35,7 +57,8 @@ def tag_phases(program: Program, micro_batch: int = 0) -> None:
     graph = program.graph
     out_args = typing.cast(tuple[torch.fx.Node, ...], graph.output_node().args[0])
     loss = next(
-        v for o, v in zip(program.signature.outputs, out_args, strict=True)
+        v
+        for o, v in zip(program.signature.outputs, out_args, strict=True)
         if o.kind == OutputKind.LOSS
     )
     forward: set[torch.fx.Node] = set()
@@ -56,7 +79,104 @@ def _placeholder_name(target: str) -> str:
     return "opt_" + re.sub(r"[^A-Za-z0-9_]", "_", target.removeprefix("optimizer."))
 
 
-def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
+@dataclasses.dataclass(frozen=True)
+class _Update:
+    """The traced update's layout: n parameters with their groups, k state tensors each."""
+
+    optimizer: Optimizer
+    recipe: Recipe
+    groups: tuple[int, ...]  # per parameter: its group index
+
+    @property
+    def scaled(self) -> bool:
+        return self.recipe.precision.loss_scale is not None
+
+    def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        n, names = len(self.groups), self.optimizer.state_names
+        params, grads = list(flat[:n]), list(flat[n : 2 * n])
+        states = flat[2 * n : 2 * n + n * len(names)]
+        step, *amp = flat[2 * n + n * len(names) :]
+        found_inf = None
+        if self.scaled:
+            grads, found_inf = _unscale(grads, amp[0])
+        metrics: list[torch.Tensor] = []
+        grads, norm = self._clip(grads)
+        lrs = self._lrs(step)
+        metrics.append(lrs[0])
+        if norm is not None:
+            metrics.append(norm)
+        new_params, new_states = [], []
+        for i, (param, grad, group) in enumerate(zip(params, grads, self.groups, strict=True)):
+            state = {k: states[i * len(names) + j] for j, k in enumerate(names)}
+            _, weight_decay = self.optimizer.group_hyper(group)
+            p, s = self.optimizer.update(param, grad, state, step, lrs[group], weight_decay)
+            if found_inf is not None:  # GradScaler.step skips the update
+                p = torch.where(found_inf, param, p)
+                s = {k: torch.where(found_inf, state[k], s[k]) for k in names}
+            new_params.append(p)
+            new_states.extend(s[k] for k in names)
+        if found_inf is None:
+            return (*new_params, *new_states, step + 1, *metrics)
+        new_step = torch.where(found_inf, step, step + 1)
+        scale, tracker = _update_scale(amp[0], amp[1], found_inf, self.recipe)
+        return (*new_params, *new_states, new_step, scale, tracker, *metrics, amp[0])
+
+    def _clip(self, grads: list[torch.Tensor]) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        norm = None
+        if self.recipe.clip_grad_norm is not None:
+            # torch.nn.utils.clip_grad_norm_: the norm of the per-parameter norms, then every
+            # gradient times min(1, max_norm / (norm + 1e-6)) (also when it is 1)
+            norms = [torch.linalg.vector_norm(g, 2.0) for g in grads]
+            norm = torch.linalg.vector_norm(torch.stack(norms), 2.0)
+            coef = torch.clamp(self.recipe.clip_grad_norm / (norm + CLIP_EPS), max=1.0)
+            grads = [g * coef for g in grads]
+        value = self.recipe.clip_grad_value
+        if value is not None:  # clip_grad_value_: clamp_min then clamp_max
+            grads = [g.clamp_min(-value).clamp_max(value) for g in grads]
+        return grads, norm
+
+    def _lrs(self, step: torch.Tensor) -> list[torch.Tensor]:
+        """Each group's lr this step (float64, 0-d): the schedule at start + step."""
+        t = step.to(torch.float64) + float(self.recipe.start)
+        schedule = self.recipe.schedule
+        lrs = []
+        for group in range(max(self.groups, default=0) + 1):
+            base, _ = self.optimizer.group_hyper(group)
+            lrs.append(torch.full_like(t, base) if schedule is None else schedule.lr(t, base))
+        return lrs
+
+
+def _unscale(
+    grads: Sequence[torch.Tensor], scale: torch.Tensor
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """GradScaler.unscale_: each gradient times the float32 reciprocal of the scale (computed in
+    float64, as torch does); found_inf if any scaled gradient holds an inf or NaN."""
+    inv_scale = scale.to(torch.float64).reciprocal().to(torch.float32)
+    bad = [(torch.isnan(g) | torch.isinf(g)).any() for g in grads]
+    found_inf = torch.stack(bad).any()
+    return [g * inv_scale for g in grads], found_inf
+
+
+def _update_scale(
+    scale: torch.Tensor, tracker: torch.Tensor, found_inf: torch.Tensor, recipe: Recipe
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """torch._amp_update_scale_: back off on inf/NaN; grow after `interval` good steps (unless
+    growing overflows, which keeps the scale and restarts the count)."""
+    policy = recipe.precision.loss_scale
+    assert policy is not None
+    good = tracker + 1
+    grow = good >= policy.interval
+    grown = scale * policy.growth
+    grown = torch.where(torch.isinf(grown), scale, grown)
+    new_scale = torch.where(found_inf, scale * policy.backoff, torch.where(grow, grown, scale))
+    zero = torch.zeros_like(tracker)
+    new_tracker = torch.where(found_inf, zero, torch.where(grow, zero, good))
+    return new_scale, new_tracker
+
+
+def add_optimizer(program: Program, optimizer: Optimizer, recipe: Recipe | None = None) -> Program:
+    """Splice `recipe`'s update (module doc) into the joint graph of a training step."""
+    recipe = recipe or Recipe()
     tag_phases(program)
     graph = program.graph
     sig = program.signature
@@ -74,18 +194,14 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     placeholders = {n.name: n for n in graph.nodes if n.op == "placeholder"}
     first_user = next((placeholders[i.name] for i in sig.user_inputs), None)
 
-    # 1. New inputs: the step counter and per-parameter optimizer state.
+    # 1. New inputs: the step counter, per-parameter optimizer state, the loss scale.
     new_inputs: list[InputSpec] = []
     weights = dict(program.weights)
 
     def add_input(target: str, value: torch.Tensor) -> torch.fx.Node:
         name = _placeholder_name(target)
-        if first_user is not None:
-            with graph.inserting_before(first_user):
-                node = graph.placeholder(name)
-        else:
-            with graph.inserting_before(out_node):
-                node = graph.placeholder(name)
+        with graph.inserting_before(first_user if first_user is not None else out_node):
+            node = graph.placeholder(name)
         node.meta["val"] = value
         node.meta["tensor"] = TensorSpec.of(value)
         new_inputs.append(
@@ -95,94 +211,48 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
         return node
 
     step_node = add_input(STEP_TARGET, torch.zeros((), dtype=torch.float32))
-    state_nodes: list[list[torch.fx.Node]] = []
+    state_nodes: list[torch.fx.Node] = []
     for grad in grads:
-        param_value = program.weights[grad.key]
-        init = optimizer.init_state(param_value)
-        state_nodes.append(
-            [add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in optimizer.state_names]
-        )
+        init = optimizer.init_state(program.weights[grad.key])
+        state_nodes += [
+            add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in optimizer.state_names
+        ]
+    amp_nodes: list[torch.fx.Node] = []
+    loss_scale = recipe.precision.loss_scale
+    if loss_scale is not None:
+        amp_nodes = [
+            add_input(SCALE_TARGET, torch.tensor(loss_scale.init, dtype=torch.float32)),
+            add_input(TRACKER_TARGET, torch.tensor(0.0, dtype=torch.float32)),
+        ]
+        _scale_backward_seeds(program, amp_nodes[0])
 
-    # 2. Trace the update over (params, grads, states, step) and copy it into the graph.
-    names = optimizer.state_names
-    n = len(grads)
-
-    def update(*flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        ps, gs, step = flat[:n], flat[n : 2 * n], flat[-1]
-        ss = flat[2 * n : -1]
-        new_params: list[torch.Tensor] = []
-        new_states: list[torch.Tensor] = []
-        for i in range(n):
-            state = {k: ss[i * len(names) + j] for j, k in enumerate(names)}
-            p, s = optimizer.update(ps[i], gs[i], state, step)
-            new_params.append(p)
-            new_states.extend(s[k] for k in names)
-        return (*new_params, *new_states, step + 1)
-
-    # Distinct tensor objects for every input: make_fx keys proxies by tensor identity, so a
-    # tensor passed twice would trace as one input.
-    examples = [torch.empty_like(program.weights[g.key]) for g in grads]
-    examples += [torch.empty_like(program.weights[g.key]) for g in grads]
-    examples += [torch.empty_like(weights[s.key]) for s in new_inputs[1:]]
-    examples += [torch.empty_like(weights[STEP_TARGET])]
-    table = decompositions(python_only=True)
-    traced = make_fx(
-        update,
-        decomposition_table=table,  # type: ignore[arg-type]  # stub: OpOverload keys only
-        tracing_mode="fake",
-    )(*examples)
-    if any(node.op == "get_attr" for node in traced.graph.nodes):
-        raise CaptureError(f"optimizer {optimizer.kind} traced to a graph with constants")
+    # 2. Trace the update and copy it into the graph.
+    update = _Update(optimizer, recipe, tuple(optimizer.group_of(g.target) for g in grads))
     sources = [placeholders[params[g.key].name] for g in grads]
     sources += [out_values[g.name] for g in grads]
-    sources += [node for nodes in state_nodes for node in nodes] + [step_node]
-    val_map = dict(
-        zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True)
-    )
-    with graph.inserting_before(out_node):
-        # `update` returns a flat tuple, so the copy's result is a tuple of nodes
-        results = typing.cast(tuple[torch.fx.Node, ...], graph.graph_copy(traced.graph, val_map))
-    for node in graph.nodes:
-        if node.op == "call_function" and PHASE not in node.meta:
-            node.meta[PHASE] = "optimizer"
-        if node.op == "call_function" and "source" not in node.meta:
-            node.meta["source"] = SourceLoc(module=f"optimizer.{optimizer.kind}")
-        if "tensor" not in node.meta and "val" in node.meta:
-            node.meta["tensor"] = tensor_meta(node.meta["val"])
+    sources += [*state_nodes, step_node, *amp_nodes]
+    results = _splice(program, update, sources, out_node)
 
-    # 3. Outputs: loss, updated parameters, updated optimizer state, updated buffers.
-    new_params, new_states, new_step = results[:n], results[n:-1], results[-1]
+    # 3. Outputs: loss, updated parameters, updated state, updated buffers, metrics.
+    n = len(grads)
+    n_state = len(new_inputs)  # step, per-parameter state, amp
+    new_params, new_state = results[:n], results[n : n + n_state]
+    metrics = results[n + n_state :]
     loss = sig.outputs_of(OutputKind.LOSS)[0]
     outs = [(loss, out_values[loss.name])]
     for grad, value in zip(grads, new_params, strict=True):
         param = params[grad.key]
-        outs.append(
-            (
-                OutputSpec(
-                    f"{grad.target}.updated",
-                    OutputKind.UPDATED_PARAMETER,
-                    param.spec,
-                    grad.target,
-                    param.name,
-                ),
-                value,
-            )
-        )
-    state_specs = new_inputs[1:] + new_inputs[:1]
-    for spec, value in zip(state_specs, [*new_states, new_step], strict=True):
-        outs.append(
-            (
-                OutputSpec(
-                    f"{spec.target}.updated",
-                    OutputKind.UPDATED_STATE,
-                    spec.spec,
-                    spec.target,
-                    spec.name,
-                ),
-                value,
-            )
-        )
+        outs.append((_updated(param, OutputKind.UPDATED_PARAMETER, grad.target), value))
+    # the traced update returns the per-parameter state first, then the step and amp state
+    state_specs = new_inputs[1 : 1 + len(state_nodes)] + [new_inputs[0]]
+    state_specs += new_inputs[1 + len(state_nodes) :]
+    for spec, value in zip(state_specs, new_state, strict=True):
+        outs.append((_updated(spec, OutputKind.UPDATED_STATE, spec.target), value))
     outs += [(o, out_values[o.name]) for o in sig.outputs_of(OutputKind.UPDATED_STATE)]
+    names = ["lr"] + (["grad_norm"] if recipe.clip_grad_norm is not None else [])
+    names += ["loss_scale"] if loss_scale is not None else []
+    for name, value in zip(names, metrics, strict=True):
+        outs.append((OutputSpec(name, OutputKind.METRIC, value.meta["tensor"]), value))
     out_node.args = (tuple(v for _, v in outs),)
     graph.eliminate_dead_code()
     graph.lint()
@@ -196,4 +266,83 @@ def add_optimizer(program: Program, optimizer: Optimizer) -> Program:
     program.signature = Signature(tuple(ordered), tuple(spec for spec, _ in outs))
     program.weights = weights
     program.metadata["optimizer"] = optimizer.to_dict()
+    program.metadata["recipe"] = recipe.to_dict()
     return program
+
+
+def _updated(spec: InputSpec, kind: OutputKind, target: str | None) -> OutputSpec:
+    return OutputSpec(f"{target}.updated", kind, spec.spec, target, spec.name)
+
+
+def _splice(
+    program: Program, update: _Update, sources: list[torch.fx.Node], out_node: torch.fx.Node
+) -> tuple[torch.fx.Node, ...]:
+    """Trace `update` over fakes shaped like `sources` and copy it before `out_node`."""
+    # Distinct tensor objects for every input: make_fx keys proxies by tensor identity, so a
+    # tensor passed twice would trace as one input.
+    examples = [torch.empty_like(s.meta["val"]) for s in sources]
+    traced = make_fx(
+        update,
+        decomposition_table=decompositions(python_only=True),  # type: ignore[arg-type]
+        tracing_mode="fake",
+    )(*examples)
+    if any(node.op == "get_attr" for node in traced.graph.nodes):
+        raise CaptureError(f"optimizer {update.optimizer.kind} traced to a graph with constants")
+    val_map = dict(
+        zip((p for p in traced.graph.nodes if p.op == "placeholder"), sources, strict=True)
+    )
+    graph = program.graph
+    with graph.inserting_before(out_node):
+        # `update` returns a flat tuple, so the copy's result is a tuple of nodes
+        results = typing.cast(tuple[torch.fx.Node, ...], graph.graph_copy(traced.graph, val_map))
+    for node in graph.nodes:
+        if node.op != "call_function":
+            continue
+        if PHASE not in node.meta:
+            node.meta[PHASE] = "optimizer"
+        if "source" not in node.meta:
+            node.meta["source"] = SourceLoc(module=f"optimizer.{update.optimizer.kind}")
+        if "tensor" not in node.meta and "val" in node.meta:
+            node.meta["tensor"] = tensor_meta(node.meta["val"])
+    return results
+
+
+def _scale_backward_seeds(program: Program, scale: torch.fx.Node) -> None:
+    """Start every backward from the loss scale instead of 1 (`scaler.scale(loss).backward()`:
+    the gradient of loss * scale with respect to the loss is the scale, exactly)."""
+    graph = program.graph
+    losses = _loss_terms(program)
+    seeds = [
+        n
+        for n in graph.nodes
+        if n.op == "call_function"
+        and n.target is torch.ops.aten.ones_like.default
+        and n.args
+        and n.args[0] in losses
+    ]
+    if len(seeds) != len(losses):
+        raise CaptureError(
+            f"loss scaling: found {len(seeds)} backward seeds for {len(losses)} losses",
+            fix="report this with the model: the joint graph does not start its backward from "
+            "ones_like(loss)",
+        )
+    for seed in seeds:
+        with graph.inserting_after(seed):
+            scaled = graph.call_function(torch.ops.aten.mul.Tensor, (seed, scale))
+        scaled.meta = dict(seed.meta)
+        for user in [u for u in seed.users if u is not scaled]:
+            user.replace_input_with(seed, scaled)
+
+
+def _loss_terms(program: Program) -> set[torch.fx.Node]:
+    """The losses backward passes start from: each micro-batch's (`MICRO_LOSS`, accumulate.py),
+    or the loss output itself."""
+    terms = {n for n in program.graph.nodes if n.meta.get(MICRO_LOSS)}
+    if terms:
+        return terms
+    out_args = typing.cast(tuple[torch.fx.Node, ...], program.graph.output_node().args[0])
+    return {
+        v
+        for o, v in zip(program.signature.outputs, out_args, strict=True)
+        if o.kind == OutputKind.LOSS
+    }

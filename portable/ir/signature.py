@@ -46,6 +46,7 @@ class OutputKind(enum.StrEnum):
     UPDATED_PARAMETER = "updated_parameter"
     UPDATED_STATE = "updated_state"
     UPDATED_INPUT = "updated_input"  # a user input's new value (the model writes into it)
+    METRIC = "metric"  # a training step's replicated scalar: lr, grad_norm, loss_scale
 
 
 STATE_INPUTS = (

@@ -253,7 +253,7 @@ class _Partitioner:
             if spec.aliases and spec.aliases in inputs:
                 alias = placeholders[spec.aliases]
                 want = single(alias, self.red.sharding[alias])
-            elif spec.kind is OutputKind.LOSS:
+            elif spec.kind in (OutputKind.LOSS, OutputKind.METRIC):
                 want = Sharding.replicated(len(have.dims))
             else:
                 want = Sharding(have.dims)

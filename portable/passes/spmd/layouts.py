@@ -90,11 +90,19 @@ def input_shardings(program: Program, notes: list[str]) -> dict[str, Sharding]:
                 else Sharding.replicated(len(shape))
             )
         else:
-            out[spec.name] = _user_input(plan, mesh, spec, shape)
+            out[spec.name] = _user_input(plan, mesh, spec, shape, _micro_batches(program))
     return out
 
 
-def _user_input(plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...]) -> Sharding:
+def _micro_batches(program: Program) -> int:
+    """How many micro-batches a training step splits its batch into (recipe.accumulate)."""
+    recipe = program.metadata.get("recipe")
+    return int(recipe.get("accumulate", 1)) if isinstance(recipe, dict) else 1
+
+
+def _user_input(
+    plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...], micro_batches: int = 1
+) -> Sharding:
     if plan.spec_for(spec.name) is not None:
         return _spec_sharding(plan, mesh, spec.name, shape)
     if not plan.batch_axes or not shape:
@@ -102,11 +110,20 @@ def _user_input(plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...])
     factor = 1
     for axis in plan.batch_axes:
         factor *= mesh.axis_size(axis)
+    axes = "*".join(f"{a}({mesh.axis_size(a)})" for a in plan.batch_axes)
     if shape[0] % factor:
-        axes = "*".join(f"{a}({mesh.axis_size(a)})" for a in plan.batch_axes)
         raise PlanError(
             f"batch axes {axes} do not divide input {spec.name} dim 0 ({shape[0]}): "
             f"{shape[0]} % {factor} = {shape[0] % factor}",
             fix=f"use a batch size that is a multiple of {factor}, or change the mesh",
+        )
+    if (shape[0] // micro_batches) % factor:
+        rows = shape[0] // micro_batches
+        raise PlanError(
+            f"batch axes {axes} do not divide the micro-batches of input {spec.name}: "
+            f"{shape[0]} rows / accumulate {micro_batches} = {rows}, {rows} % {factor} = "
+            f"{rows % factor}",
+            fix=f"use a batch size that is a multiple of {factor * micro_batches} "
+            f"(batch axes {factor} x accumulate {micro_batches}), or accumulate less",
         )
     return Sharding((tuple(plan.batch_axes),) + ((),) * (len(shape) - 1))

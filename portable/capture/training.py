@@ -295,6 +295,7 @@ def _splice(
     with graph.inserting_before(out_node):
         # `update` returns a flat tuple, so the copy's result is a tuple of nodes
         results = typing.cast(tuple[torch.fx.Node, ...], graph.graph_copy(traced.graph, val_map))
+    _mark_gradient_norms(graph, results, sources[: len(update.groups)])
     for node in graph.nodes:
         if node.op != "call_function":
             continue
@@ -305,6 +306,26 @@ def _splice(
         if "tensor" not in node.meta and "val" in node.meta:
             node.meta["tensor"] = tensor_meta(node.meta["val"])
     return results
+
+
+def _mark_gradient_norms(
+    graph: torch.fx.Graph, results: Sequence[torch.fx.Node], params: Sequence[torch.fx.Node]
+) -> None:
+    """Mark clip_grad_norm's per-parameter norms with the parameter (`meta["norm_like"]`), in
+    the order `_Update._clip` computes them: spmd-partition reduces a partial gradient into
+    its parameter's sharding before taking its norm from the shards."""
+    norm = torch.ops.aten.linalg_vector_norm.default
+    stack = torch.ops.aten.stack.default
+    new = [n for n in graph.nodes if n.op == "call_function" and PHASE not in n.meta]
+    norms = [
+        n
+        for n in new
+        if n.target is norm
+        and not (isinstance(n.args[0], torch.fx.Node) and n.args[0].target is stack)
+    ]
+    if len(norms) == len(params):
+        for node, param in zip(norms, params, strict=True):
+            node.meta["norm_like"] = param.name
 
 
 def _scale_backward_seeds(program: Program, scale: torch.fx.Node) -> None:

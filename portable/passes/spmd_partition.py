@@ -166,6 +166,8 @@ class _Partitioner:
             self.red.dtype[node] = meta.dtype
 
     def _partition(self, node: torch.fx.Node) -> None:
+        if node.target is aten.linalg_vector_norm.default and self._split_norm(node):
+            return
         self._gather_fsdp_parameter(node)
         rule = RULES.get(node.target)
         if rule is not None:
@@ -216,6 +218,55 @@ class _Partitioner:
             return
         want = Sharding(tuple(tuple(a for a in d if a != axis) for d in have.dims), have.partial)
         self.rewriter.set_args(node, {"self": self.red.to(param, want, node)})
+
+    def _split_norm(self, node: torch.fx.Node) -> bool:
+        """||x||_2 of a split or partial x (a gradient, in clip_grad_norm):
+
+            norm(x) -> sqrt(all_reduce(sum(x_local * x_local)))
+
+        so ranks reduce one scalar per norm instead of gathering or all-reducing x whole. A
+        partial x is first brought to the sharding of the parameter it is the gradient of
+        (`meta["norm_like"]`, set by capture: a reduce-scatter under FSDP), and x's later users
+        read that reduced value too (the optimizer update needs it in that sharding anyway).
+        False (the op's ordinary rule applies) for other norms and for replicated x."""
+        bound = bind(node)
+        x = bound.node("self")
+        have = self.red.sharding.get(x)
+        full = bound.get("dim") in (None, [], ()) and not bound.keepdim and bound.dtype is None
+        if not (full and bound.ord == 2 and isinstance(have, Sharding)):
+            return False
+        if not have.partial and not have.axes():
+            return False
+        like = self._placeholder(node.meta.get("norm_like"))
+        want = Sharding(have.dims) if like is None else Sharding(self.red.sharding[like].dims)
+        local = self.red.to(x, want, node)
+        if local is not x:
+            order = {n: i for i, n in enumerate(self.graph.nodes)}
+            for user in list(x.users):
+                if user is not local and order.get(user, -1) > order[node]:
+                    user.replace_input_with(x, local)
+        scalar = TensorSpec((), self.red.dtype[x])
+        opts = {"like": node, "tensor": scalar, "fake": "none", "name": None}
+        with self.rewriter.at(before=node):
+            square = self.rewriter.call(
+                aten.mul.Tensor, (local, local), **{**opts, "tensor": x.meta["tensor"]}
+            )
+            total = self.rewriter.call(aten.sum.default, (square,), **opts)
+            root = self.rewriter.call(aten.sqrt.default, (total,), **opts)
+        node.replace_all_uses_with(root)
+        self.graph.erase_node(node)
+        for new in (square, total, root):
+            self.red.global_shape[new] = (
+                tuple(new.meta["tensor"].shape) if new is not square else self.red.global_shape[x]
+            )
+            self.red.dtype[new] = self.red.dtype[x]
+            self._partition(new)
+        return True
+
+    def _placeholder(self, name: Any) -> torch.fx.Node | None:
+        if not isinstance(name, str):
+            return None
+        return next((n for n in self.graph.nodes if n.op == "placeholder" and n.name == name), None)
 
     def _split_addmm(self, node: torch.fx.Node) -> None:
         """bias + a @ b whose product is a partial sum: mm, then add the bias after the reduce."""

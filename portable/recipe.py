@@ -30,7 +30,7 @@ import torch
 
 from .errors import ArchiveError, CaptureError
 
-__all__ = ["REMAT_POLICIES", "LossScale", "Precision", "Recipe"]
+__all__ = ["REMAT_POLICIES", "LossScale", "Precision", "Recipe", "recipe_of"]
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 REMAT_POLICIES = ("none", "full", "selective", "save-matmuls")
@@ -210,6 +210,13 @@ class Recipe:
             raise ArchiveError(
                 f"bad training recipe: {exc.what}", fix="re-save the archive"
             ) from exc
+
+
+def recipe_of(metadata: dict[str, Any]) -> Recipe:
+    """The recipe a training step's metadata records; programs saved before recipes existed
+    trained at a constant lr in float32 without clipping, which is the default Recipe."""
+    data = metadata.get("recipe")
+    return Recipe() if data is None else Recipe.from_dict(data)
 
 
 def _precision_from(data: Any) -> Precision:

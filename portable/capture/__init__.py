@@ -99,6 +99,11 @@ def capture(
     along dim 0; `remat`: the remat pass's policy) is part of the program (portable/recipe.py).
     The model itself is left unchanged (mode and buffers are restored).
     """
+    if precision is not None and not isinstance(precision, Precision):
+        raise CaptureError(
+            f"precision must be a portable.Precision, got {type(precision).__name__}",
+            fix='pass precision=portable.Precision(compute="bfloat16")',
+        )
     if not isinstance(model, torch.nn.Module):
         raise CaptureError(
             f"capture needs an nn.Module, got {type(model).__name__}",
@@ -230,6 +235,7 @@ def capture_spec(
         optimizer=spec.optimizer or _default_optimizer(),
         plan=spec.plan,
         name=f"{spec.name}.train_step",
+        **spec.recipe,
     )
 
 

@@ -55,6 +55,7 @@ class ModelSpec:
     plan: Any = None
     dynamic_shapes: Any = None
     seed: int = 0
+    recipe: dict[str, Any] = dataclasses.field(default_factory=dict)  # capture's recipe args
 
     @property
     def trainable(self) -> bool:
@@ -123,9 +124,27 @@ def portable(
     dynamic_shapes: Any = None,
     name: str | None = None,
     seed: int = 0,
+    schedule: Any = None,
+    clip_grad_norm: float | None = None,
+    clip_grad_value: float | None = None,
+    precision: Any = None,
+    accumulate: int = 1,
+    remat: str = "none",
 ) -> Any:  # the decorated object itself, or (called with options only) the decorator
     """Mark an `nn.Module` class (constructible with no arguments) or a zero-argument factory
-    as a portable model. Usable bare (`@portable`) or with arguments (`@portable(...)`)."""
+    as a portable model. Usable bare (`@portable`) or with arguments (`@portable(...)`).
+    The training recipe (`schedule`: a `portable.schedules` value, `clip_grad_norm`,
+    `clip_grad_value`, `precision`, `accumulate`, `remat`) is what `portable.capture` takes; it
+    is checked here, at decoration."""
+    recipe_args = {
+        "schedule": schedule,
+        "clip_grad_norm": clip_grad_norm,
+        "clip_grad_value": clip_grad_value,
+        "precision": precision,
+        "accumulate": accumulate,
+        "remat": remat,
+    }
+    _check_recipe(recipe_args)
 
     def wrap(obj: Any) -> Any:
         if not callable(obj):
@@ -153,10 +172,40 @@ def portable(
             plan=plan,
             dynamic_shapes=dynamic_shapes,
             seed=seed,
+            recipe={k: v for k, v in recipe_args.items() if v not in (None, 1, "none")},
         )
         return obj
 
     return wrap(target) if target is not None else wrap
+
+
+def _check_recipe(args: dict[str, Any]) -> None:
+    """The recipe's own checks (portable.recipe.Recipe), at decoration time."""
+    from ..recipe import Precision, Recipe
+    from ..schedules import Schedule
+
+    schedule = args["schedule"]
+    if schedule is not None and not isinstance(schedule, Schedule):
+        raise CaptureError(
+            f"@portable(schedule=...) takes a portable.schedules value, got "
+            f"{type(schedule).__name__}",
+            fix="use portable.schedules.* (a torch lr_scheduler needs the optimizer instance: "
+            "pass it to portable.capture instead)",
+        )
+    precision = args["precision"]
+    if precision is not None and not isinstance(precision, Precision):
+        raise CaptureError(
+            f"precision must be a portable.Precision, got {type(precision).__name__}",
+            fix='pass precision=portable.Precision(compute="bfloat16")',
+        )
+    Recipe(
+        schedule=schedule,
+        clip_grad_norm=args["clip_grad_norm"],
+        clip_grad_value=args["clip_grad_value"],
+        precision=precision or Precision(),
+        accumulate=args["accumulate"],
+        remat=args["remat"],
+    )
 
 
 def spec_of(obj: Any) -> ModelSpec | None:

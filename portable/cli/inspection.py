@@ -13,9 +13,10 @@ import collections
 import json
 from typing import Any
 
-from ..ir.program import Program
+from ..ir.program import Program, ProgramKind
 from ..ir.signature import InputKind
 from ..opset import op_name
+from ..recipe import recipe_of
 from .load_spec import resolve
 from .table import format_bytes, format_table
 
@@ -94,12 +95,38 @@ def summarize(program: Program) -> dict[str, Any]:
         },
         "signature": program.signature.to_json(),
         "plan": _plan(program),
+        "recipe": _recipe(program),
+    }
+
+
+def _recipe(program: Program) -> dict[str, Any] | None:
+    """A training step's optimizer and recipe (None for inference programs)."""
+    if program.kind is not ProgramKind.TRAINING_STEP:
+        return None
+    optimizer = dict(program.metadata.get("optimizer") or {})
+    return {
+        "optimizer": optimizer,
+        "lines": recipe_of(program.metadata).describe(),
+        **recipe_of(program.metadata).to_dict(),
     }
 
 
 def _plan(program: Program) -> dict[str, Any]:
     plan = program.plan
     return {"single_device": plan.is_single_device, **plan.to_json()}
+
+
+def _recipe_lines(recipe: dict[str, Any] | None) -> list[str]:
+    if recipe is None:
+        return []
+    opt = recipe["optimizer"]
+    hyper = ", ".join(f"{k}={v}" for k, v in opt.items() if k not in ("kind", "groups"))
+    lines = ["", "training recipe:", f"  optimizer: {opt.get('kind', '?')} ({hyper})"]
+    for group in opt.get("groups") or []:
+        which = group.get("pattern") or ", ".join(group.get("names") or [])
+        fields = {k: v for k, v in group.items() if k not in ("pattern", "names") and v is not None}
+        lines.append(f"    group {which}: " + ", ".join(f"{k}={v}" for k, v in fields.items()))
+    return lines + [f"  {line}" for line in recipe["lines"]]
 
 
 def format_summary(s: dict[str, Any]) -> str:
@@ -124,6 +151,7 @@ def format_summary(s: dict[str, Any]) -> str:
             ],
             indent="  ",
         ),
+        *_recipe_lines(s.get("recipe")),
         "",
         "inputs:",
         format_table(

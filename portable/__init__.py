@@ -14,7 +14,7 @@ from __future__ import annotations
 import sys
 import types
 
-from . import limits, optim, parallel
+from . import limits, optim, parallel, schedules
 from .api import compile, lower
 from .archive import load
 from .capture import ModelSpec, capture, capture_spec, portable, spec_of
@@ -84,6 +84,7 @@ __all__ = [
     "optim",
     "parallel",
     "portable",
+    "schedules",
     "spec_of",
     "verify",
 ]

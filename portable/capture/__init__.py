@@ -150,7 +150,7 @@ def _capture(
     recipe_args: dict[str, Any],
 ) -> Program:
     if loss_fn is None:
-        given = [k for k, v in recipe_args.items() if v not in (None, 1, "none")]
+        given = [k for k, v in recipe_args.items() if v != _RECIPE_DEFAULTS[k]]
         if optimizer is not None or given:
             what = ", ".join(["optimizer"] * (optimizer is not None) + given)
             raise CaptureError(
@@ -174,6 +174,16 @@ def _capture(
             )
             program = add_optimizer(program, opt, recipe)
     return program
+
+
+_RECIPE_DEFAULTS: dict[str, Any] = {
+    "schedule": None,
+    "clip_grad_norm": None,
+    "clip_grad_value": None,
+    "precision": None,
+    "accumulate": 1,
+    "remat": "none",
+}
 
 
 def _recipe(optimizer: Any, given: dict[str, Any]) -> Recipe:

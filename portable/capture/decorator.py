@@ -172,7 +172,7 @@ def portable(
             plan=plan,
             dynamic_shapes=dynamic_shapes,
             seed=seed,
-            recipe={k: v for k, v in recipe_args.items() if v not in (None, 1, "none")},
+            recipe={k: v for k, v in recipe_args.items() if v is not None},
         )
         return obj
 

@@ -86,16 +86,21 @@ class _Update:
     optimizer: Optimizer
     recipe: Recipe
     groups: tuple[int, ...]  # per parameter: its group index
+    keys: tuple[tuple[str, ...], ...]  # per parameter: its state's names (Adafactor: by shape)
 
     @property
     def scaled(self) -> bool:
         return self.recipe.precision.loss_scale is not None
 
     def __call__(self, *flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        n, names = len(self.groups), self.optimizer.state_names
+        n = len(self.groups)
         params, grads = list(flat[:n]), list(flat[n : 2 * n])
-        states = flat[2 * n : 2 * n + n * len(names)]
-        step, *amp = flat[2 * n + n * len(names) :]
+        rest = list(flat[2 * n :])
+        states = []
+        for keys in self.keys:
+            states.append(dict(zip(keys, rest[: len(keys)], strict=True)))
+            rest = rest[len(keys) :]
+        step, *amp = rest
         found_inf = None
         if self.scaled:
             grads, found_inf = _unscale(grads, amp[0])
@@ -106,15 +111,14 @@ class _Update:
         if norm is not None:
             metrics.append(norm)
         new_params, new_states = [], []
-        for i, (param, grad, group) in enumerate(zip(params, grads, self.groups, strict=True)):
-            state = {k: states[i * len(names) + j] for j, k in enumerate(names)}
+        for param, grad, group, state in zip(params, grads, self.groups, states, strict=True):
             _, weight_decay = self.optimizer.group_hyper(group)
             p, s = self.optimizer.update(param, grad, state, step, lrs[group], weight_decay)
             if found_inf is not None:  # GradScaler.step skips the update
                 p = torch.where(found_inf, param, p)
-                s = {k: torch.where(found_inf, state[k], s[k]) for k in names}
+                s = {k: torch.where(found_inf, state[k], s[k]) for k in state}
             new_params.append(p)
-            new_states.extend(s[k] for k in names)
+            new_states.extend(s[k] for k in state)
         if found_inf is None:
             return (*new_params, *new_states, step + 1, *metrics)
         new_step = torch.where(found_inf, step, step + 1)
@@ -212,11 +216,11 @@ def add_optimizer(program: Program, optimizer: Optimizer, recipe: Recipe | None 
 
     step_node = add_input(STEP_TARGET, torch.zeros((), dtype=torch.float32))
     state_nodes: list[torch.fx.Node] = []
+    keys: list[tuple[str, ...]] = []
     for grad in grads:
         init = optimizer.init_state(program.weights[grad.key])
-        state_nodes += [
-            add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in optimizer.state_names
-        ]
+        keys.append(tuple(k for k in optimizer.state_names if k in init))
+        state_nodes += [add_input(f"optimizer.{grad.target}.{k}", init[k]) for k in keys[-1]]
     amp_nodes: list[torch.fx.Node] = []
     loss_scale = recipe.precision.loss_scale
     if loss_scale is not None:
@@ -227,7 +231,8 @@ def add_optimizer(program: Program, optimizer: Optimizer, recipe: Recipe | None 
         _scale_backward_seeds(program, amp_nodes[0])
 
     # 2. Trace the update and copy it into the graph.
-    update = _Update(optimizer, recipe, tuple(optimizer.group_of(g.target) for g in grads))
+    groups = tuple(optimizer.group_of(g.target) for g in grads)
+    update = _Update(optimizer, recipe, groups, tuple(keys))
     sources = [placeholders[params[g.key].name] for g in grads]
     sources += [out_values[g.name] for g in grads]
     sources += [*state_nodes, step_node, *amp_nodes]

@@ -630,45 +630,50 @@ _KINDS: dict[str, type[Schedule]] = {
 
 
 def _decode(data: Any, where: str, *, depth: int, budget: list[int]) -> Schedule:
+    cls = _class_of(data, where)
+    budget[0] -= 1
+    values = {}
+    for f in dataclasses.fields(cls):
+        if f.name in data:
+            rule, at = f.metadata["rule"], f"{where}({cls.kind}).{f.name}"
+            values[f.name] = _decode_field(rule, data[f.name], at, depth, budget)
+        elif f.default is dataclasses.MISSING:
+            raise ArchiveError(
+                f"{where}: schedule {cls.kind!r} has no {f.name!r}", fix=_ARCHIVE_FIX
+            )
+        else:
+            values[f.name] = f.default
+    if budget[0] < 0:
+        raise ArchiveError(
+            f"{where}: schedule is over {MAX_SIZE} parts and milestones", fix=_ARCHIVE_FIX
+        )
+    schedule = object.__new__(cls)  # checked below with ArchiveError, not __post_init__'s
+    for name, value in values.items():
+        object.__setattr__(schedule, name, value)
+    _check_fields(schedule, ArchiveError)
+    return schedule
+
+
+def _class_of(data: Any, where: str) -> type[Schedule]:
+    """The class `data["kind"]` names, once every other key is one of its fields."""
     if not isinstance(data, Mapping):
         raise _bad(where, "an object with a 'kind'", data, ArchiveError)
     kind = data.get("kind")
     cls = _KINDS.get(kind) if isinstance(kind, str) else None
     if cls is None:
         raise ArchiveError(
-            f"{where}: unknown schedule kind {kind!r}; known: {', '.join(_KINDS)}",
+            f"{where}: unknown schedule kind {_show(kind)}; known: {', '.join(_KINDS)}",
             fix=_ARCHIVE_FIX,
         )
-    fields = {f.name: f for f in dataclasses.fields(cls)}
-    unknown = [key for key in data if key != "kind" and key not in fields]
+    names = [f.name for f in dataclasses.fields(cls)]
+    unknown = [key for key in data if key != "kind" and key not in names]
     if unknown:
         raise ArchiveError(
-            f"{where}: unknown field(s) {', '.join(map(_show, unknown[:5]))} for schedule {kind!r}; "
-            f"it has {', '.join(fields)}",
+            f"{where}: unknown field(s) {', '.join(map(_show, unknown[:5]))} for schedule "
+            f"{kind!r}; it has {', '.join(names)}",
             fix=_ARCHIVE_FIX,
         )
-    budget[0] -= 1
-    values = {}
-    for name, f in fields.items():
-        if name not in data:
-            if f.default is dataclasses.MISSING:
-                raise ArchiveError(f"{where}: schedule {kind!r} has no {name!r}", fix=_ARCHIVE_FIX)
-            continue
-        values[name] = _decode_field(
-            f.metadata["rule"], data[name], f"{where}({kind}).{name}", depth, budget
-        )
-    if budget[0] < 0:
-        raise ArchiveError(
-            f"{where}: schedule is over {MAX_SIZE} parts and milestones", fix=_ARCHIVE_FIX
-        )
-    schedule = object.__new__(cls)
-    for name, value in values.items():
-        object.__setattr__(schedule, name, value)
-    for name, f in fields.items():
-        if name not in values:
-            object.__setattr__(schedule, name, f.default)
-    _check_fields(schedule, ArchiveError)
-    return schedule
+    return cls
 
 
 def _decode_field(rule: _Rule, value: Any, where: str, depth: int, budget: list[int]) -> Any:

@@ -399,6 +399,7 @@ HOSTILE = {
     "not_a_dict": ([{"kind": "cosine", "steps": 3}], r"must be an object with a 'kind'"),
     "no_kind": ({"steps": 3}, r"unknown schedule kind None"),
     "kind_not_str": ({"kind": ["cosine"], "steps": 3}, r"unknown schedule kind \['cosine'\]"),
+    "huge_int_kind": ({"kind": 10**5000}, r"unknown schedule kind <a 16610-bit int>"),
     "unknown_kind": ({"kind": "lambda", "code": "import os"}, r"unknown schedule kind 'lambda'"),
     "unknown_field": ({"kind": "cosine", "steps": 3, "eval": "x"}, r"unknown field\(s\) 'eval'"),
     "non_str_key": ({"kind": "cosine", "steps": 3, 7: 1}, r"unknown field\(s\) 7"),

@@ -71,7 +71,10 @@ Check = Callable[[str, Any], Any]  # (label such as "AdamW(lr)", value) -> norma
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits has no repr
+        return f"<a {type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 

@@ -632,6 +632,7 @@ def test_records_written_before_groups_load():
         ({"kind": "sgd", "lr": 1e400}, r"SGD\(lr=inf\)"),
         ({"kind": "sgd", "lr": 10**400}, r"SGD\(lr=1000.*\) is not a finite number"),
         ({"kind": "lion", "groups": [{"names": ["x"], "kind": "y"}]}, "unknown field.*'kind'"),
+        ({"kind": "sgd", "lr": 10**5000}, r"SGD\(lr=<a int>\) is not a finite number"),
         ({"kind": "sgd", "nesterov": 1}, r"SGD\(nesterov=1\) is not True or False"),
         ({"kind": "sgd", "nesterov": True}, "nesterov needs momentum > 0"),
         ({"kind": "adamw", "betas": [0.9]}, r"AdamW\(betas=\[0.9\]\) is not a pair"),

@@ -71,7 +71,10 @@ Check = Callable[[str, Any], Any]  # (label such as "AdamW(lr)", value) -> norma
 
 
 def _shown(value: Any) -> str:
-    text = repr(value)
+    try:
+        text = repr(value)
+    except ValueError:  # an int of more than 4300 digits has no repr
+        return f"<a {type(value).__name__}>"
     return text if len(text) <= 60 else text[:57] + "..."
 
 
@@ -88,14 +91,24 @@ def _real(low: float = 0.0, high: float = math.inf, *, below: bool = False) -> C
     requirement = f"a finite number in [{low:g}, {high:g}{top}"
 
     def check(label: str, value: Any) -> float:
-        ok = isinstance(value, int | float) and not isinstance(value, bool)
-        if not ok or not math.isfinite(value) or not low <= value <= high:
+        number = _as_float(value)
+        if number is None or not math.isfinite(number) or not low <= number <= high:
             raise _bad(label, value, requirement)
-        if below and value == high:
+        if below and number == high:
             raise _bad(label, value, requirement)
-        return float(value)
+        return number
 
     return check
+
+
+def _as_float(value: Any) -> float | None:
+    """A Python int or float (not a bool) as a float; None for anything else or too large."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        return float(value)
+    except OverflowError:  # an integer beyond float range (JSON allows 4300 digits)
+        return None
 
 
 def _flag(label: str, value: Any) -> bool:
@@ -133,18 +146,22 @@ def _check_fields(obj: Any) -> None:
             object.__setattr__(obj, f.name, check(label, getattr(obj, f.name)))
 
 
-def _fields_from(cls: type, data: Any, what: str) -> dict[str, Any]:
-    """The keyword arguments of `cls` in an untrusted mapping: unknown keys are refused."""
+def _fields_from(cls: type, data: Any, what: str, skip: str = "") -> dict[str, Any]:
+    """The keyword arguments of `cls` in an untrusted mapping (less the key `skip`): unknown
+    keys are refused."""
     if not isinstance(data, Mapping):
-        raise CaptureError(f"{what} is not a mapping but {type(data).__name__}")
+        raise CaptureError(
+            f"{what} is not a mapping but {type(data).__name__}",
+            fix=f"write it as {{field: value}} with {cls.__name__}'s fields",
+        )
     known = {f.name for f in dataclasses.fields(cls) if f.init}
-    unknown = sorted(_shown(k) for k in data if k not in known and k != "kind")
+    unknown = sorted(_shown(k) for k in data if k not in known and k != skip)
     if unknown:
         raise CaptureError(
             f"{what} has unknown field(s) {', '.join(unknown)}",
             fix=f"{cls.__name__} takes {', '.join(sorted(known))}",
         )
-    return {k: v for k, v in data.items() if k != "kind"}
+    return {k: v for k, v in data.items() if k != skip}
 
 
 # --- parameter groups ---------------------------------------------------------------------------
@@ -369,7 +386,7 @@ class Optimizer(abc.ABC):
         `weight_decay` default to the default group's. No Python branch on a tensor value, so
         `make_fx(tracing_mode="fake")` traces it."""
         lr = self.lr if lr is None else lr
-        lr_t = lr if isinstance(lr, Tensor) else _f64(lr)
+        lr_t = (lr if isinstance(lr, Tensor) else _f64(lr)).to(torch.float64)
         decay = self.weight_decay if weight_decay is None else float(weight_decay)
         return self._update(param, grad, dict(state), step, lr_t, decay)
 
@@ -402,7 +419,7 @@ class Optimizer(abc.ABC):
             raise CaptureError(
                 f"unknown optimizer kind {_shown(kind)}", fix=f"use one of {', '.join(_KINDS)}"
             )
-        kwargs = _fields_from(cls, data, f"the {kind} optimizer record")
+        kwargs = _fields_from(cls, data, f"the {kind} optimizer record", skip="kind")
         groups = kwargs.get("groups", [])
         if not isinstance(groups, list | tuple):
             raise _bad(f"{cls.__name__}(groups)", groups, "a list of parameter groups")
@@ -757,7 +774,14 @@ def _adam_hyper(group: dict[str, Any]) -> dict[str, Any]:
 def _adam_class(groups: list[dict[str, Any]]) -> type[Adam]:
     """AdamW for torch AdamW and Adam(decoupled_weight_decay=True); Adam's L2 decay otherwise,
     except that Adam without weight decay is AdamW(weight_decay=0), which takes the same steps."""
-    decoupled = all(g.get("decoupled_weight_decay") for g in groups)
+    flags = {bool(g.get("decoupled_weight_decay")) for g in groups}
+    if len(flags) > 1:
+        raise CaptureError(
+            "Adam's parameter groups differ in decoupled_weight_decay: portable parameter "
+            "groups differ only in lr and weight_decay",
+            fix="give every group the same decoupled_weight_decay",
+        )
+    decoupled = flags == {True}
     coupled_decay = any(float(g["weight_decay"]) != 0 for g in groups)
     return Adam if coupled_decay and not decoupled else AdamW
 

@@ -229,6 +229,22 @@ def test_lion_matches_the_papers_algorithm(opt):
         torch.testing.assert_close(moved, torch.full_like(moved, opt.lr), rtol=0, atol=1e-6)
 
 
+def test_traced_lion_is_in_the_opset_and_runs_as_the_paper():
+    opt = Lion(lr=1e-3)
+    params, grads, factors = _data(seed=7, shapes=[(4, 6)])
+    lrs = [opt.lr * f for f in factors]
+    graph, names = _traced(opt, params[0])
+    _assert_in_opset(graph.graph)
+
+    def run(p, g, state, step, lr, _decay):
+        new, *values = graph(p, g, step, lr, *(state[k] for k in names))
+        return new, dict(zip(names, values, strict=True))
+
+    want, moments = _lion_reference(params, grads, lrs, *opt.betas, 0.25)
+    mine, states = _portable_steps(run, opt, params, grads, lrs)
+    assert torch.equal(mine[0], want[0]) and torch.equal(states[0]["exp_avg"], moments[0])
+
+
 def test_lion_eager_optimizer_steps_as_update_and_reads_back():
     opt = Lion(lr=1e-2, weight_decay=0.1, groups=(ParamGroup(names=("b",), lr=3e-2),))
     params, grads, _ = _data(seed=4, shapes=[(3, 4), (4,)])
@@ -443,6 +459,10 @@ def test_torch_optimizer_refusals_name_the_problem():
     with pytest.raises(CaptureError, match="parameter groups differ in betas, eps") as info:
         from_torch(eager, named)
     assert "fix: give every group the same betas, eps" in str(info.value)
+    mixed = _three_groups(model, torch.optim.Adam)
+    mixed.param_groups[0]["decoupled_weight_decay"] = True
+    with pytest.raises(CaptureError, match="groups differ in decoupled_weight_decay"):
+        from_torch(mixed, named)
     with pytest.raises(CaptureError, match="naming their parameters needs the model's"):
         from_torch(_three_groups(model))
     with pytest.raises(CaptureError, match="AdamW holds 5 of the model's 7 trainable"):
@@ -610,6 +630,9 @@ def test_records_written_before_groups_load():
         ({"kind": "sgd", "lr": True}, r"SGD\(lr=True\) is not a finite number"),
         ({"kind": "sgd", "lr": math.nan}, r"SGD\(lr=nan\)"),
         ({"kind": "sgd", "lr": 1e400}, r"SGD\(lr=inf\)"),
+        ({"kind": "sgd", "lr": 10**400}, r"SGD\(lr=1000.*\) is not a finite number"),
+        ({"kind": "lion", "groups": [{"names": ["x"], "kind": "y"}]}, "unknown field.*'kind'"),
+        ({"kind": "sgd", "lr": 10**5000}, r"SGD\(lr=<a int>\) is not a finite number"),
         ({"kind": "sgd", "nesterov": 1}, r"SGD\(nesterov=1\) is not True or False"),
         ({"kind": "sgd", "nesterov": True}, "nesterov needs momentum > 0"),
         ({"kind": "adamw", "betas": [0.9]}, r"AdamW\(betas=\[0.9\]\) is not a pair"),

@@ -383,3 +383,25 @@ def test_micro_batches_the_data_axis_cannot_split_are_explained():
 
     with pytest.raises(PlanError, match=r"16 rows / accumulate 16 = 1, 1 % 2 = 1"):
         partition(program)
+
+
+def test_the_parity_harness_compares_a_recipe_step_with_its_eager_loop():
+    """portable.testing's eager baseline follows the program's recipe (schedule, clipping,
+    accumulation, autocast): cpu against it, and xla against cpu."""
+    from portable.testing import check_parity
+
+    model, batch, loss_fn = _mlp()
+    program = portable.capture(
+        model,
+        batch,
+        loss_fn=loss_fn,
+        optimizer=portable.optim.AdamW(lr=LR, groups=portable.optim.no_decay_groups()),
+        schedule=schedules.WSD(warmup=2, stable=2, decay=4, min_lr=1e-4),
+        clip_grad_norm=0.05,
+        precision=portable.Precision(compute="bfloat16"),
+        accumulate=2,
+    )
+    report = check_parity(
+        program, batch, backends=["cpu", "xla"], steps=6, eager_model=model, loss_fn=loss_fn
+    )
+    assert report.ok, report

@@ -18,6 +18,7 @@ from .. import api
 from ..ir.program import Program, ProgramKind
 from ..ir.signature import OutputKind
 from ..optim import Optimizer
+from ..recipe import recipe_of
 from ..runtime import Executable
 from .tolerance import SPREAD_FACTOR, OptimizerNoise, perturbed, spread_allowance
 
@@ -67,13 +68,16 @@ def reference_run(
     program = exe.program
     generator = torch.Generator().manual_seed(PERTURBATION_SEED)
     state = dict(exe.state if state is None else state)
-    other_state = dict(zip(state, perturbed(list(state.values()), generator), strict=True))
-    other_inputs = perturbed(list(inputs), generator)
+    recipe = recipe_of(program.metadata)
+    compute = recipe.precision.compute_dtype
+    other_state = dict(zip(state, perturbed(list(state.values()), generator, compute), strict=True))
+    other_inputs = perturbed(list(inputs), generator, compute)
     if program.kind is ProgramKind.INFERENCE:
         want = backend_run(exe, inputs, 1, state)
         other = backend_run(exe, other_inputs, 1, other_state)
         return Reference(want, spread_allowance(want, other), _SPREAD)
-    noise = OptimizerNoise(Optimizer.from_dict(program.metadata["optimizer"]), _trained(program))
+    optimizer = Optimizer.from_dict(program.metadata["optimizer"])
+    noise = OptimizerNoise(optimizer, _trained(program), recipe)
     mine, other_run = _Trajectory(state), _Trajectory(other_state)
     for _ in range(steps):
         before, other_before = mine.state, other_run.state

@@ -36,7 +36,8 @@ from collections.abc import Mapping, Sequence
 
 import torch
 
-from ..optim import SGD, AdamW, Optimizer
+from ..optim import SGD, Adam, Lion, Optimizer
+from ..recipe import Recipe
 
 __all__ = [
     "ATOL",
@@ -55,17 +56,26 @@ ENVELOPE_POINTS = 9
 STEP_KEY = "optimizer.step"
 
 
-def perturbed(values: Sequence[torch.Tensor], generator: torch.Generator) -> list[torch.Tensor]:
+def perturbed(
+    values: Sequence[torch.Tensor],
+    generator: torch.Generator,
+    compute: torch.dtype | None = None,
+) -> list[torch.Tensor]:
     """Each float tensor times `1 + u * eps` elementwise, others unchanged: u ~ U[-1, 1], and
     u = +-1 for a 16-bit dtype, whose rounding back would undo most smaller perturbations (its
-    ulp is a large step: every element must move for each to get its allowance)."""
+    ulp is a large step: every element must move for each to get its allowance). `compute`: a
+    16-bit dtype a mixed-precision program computes in; float32 values then move by its eps
+    (they are rounded to it before use, which would undo a float32-sized perturbation)."""
     out = []
     for value in values:
         if isinstance(value, torch.Tensor) and value.is_floating_point() and value.numel():
+            dtype = value.dtype
+            if compute is not None and compute.itemsize == 2 and dtype == torch.float32:
+                dtype = compute
             u = torch.rand(value.shape, generator=generator, dtype=torch.float64) * 2 - 1
-            if value.element_size() == 2:
+            if dtype.itemsize == 2:
                 u = torch.where(u < 0, -1.0, 1.0).to(u.dtype)
-            eps = torch.finfo(value.dtype).eps
+            eps = torch.finfo(dtype).eps
             value = (value.double() * (1 + u * eps).to(value.device)).to(value.dtype)
         out.append(value)
     return out
@@ -95,8 +105,17 @@ class OptimizerNoise:
 
     optimizer: Optimizer
     params: Sequence[str]
+    recipe: Recipe = dataclasses.field(default_factory=Recipe)
     allowance: dict[str, torch.Tensor] = dataclasses.field(default_factory=dict)
     deltas: list[float] = dataclasses.field(default_factory=list)
+
+    def hyper(self, param: str, step: torch.Tensor) -> tuple[torch.Tensor, float]:
+        """(lr, weight decay) of `param`'s group at this step (the recipe's schedule)."""
+        base, weight_decay = self.optimizer.group_hyper(self.optimizer.group_of(param))
+        t = torch.tensor(float(step) + self.recipe.start, dtype=torch.float64)
+        schedule = self.recipe.schedule
+        lr = schedule.lr(t, base) if schedule is not None else torch.tensor(base, dtype=t.dtype)
+        return lr, weight_decay
 
     def add_step(
         self,
@@ -106,8 +125,10 @@ class OptimizerNoise:
         other_after: Mapping[str, torch.Tensor],
     ) -> None:
         """One step of the reference (`before` -> `after`) and of the perturbed run."""
-        grads = {p: _gradient(self.optimizer, p, before, after) for p in self.params}
-        others = {p: _gradient(self.optimizer, p, other_before, other_after) for p in self.params}
+        grads = {p: _gradient(self, p, before, after) for p in self.params}
+        others = {p: _gradient(self, p, other_before, other_after) for p in self.params}
+        if any(g is None for g in [*grads.values(), *others.values()]):
+            return  # no gradient recovery for this optimizer: the spread alone is allowed
         delta = _gradient_noise(grads, others, [before[p].dtype for p in self.params])
         self.deltas.append(delta)
         for p in self.params:
@@ -126,15 +147,20 @@ class OptimizerNoise:
     ) -> dict[str, torch.Tensor]:
         """How far the update moves the parameter and each state when the gradient moves
         within +-delta elementwise (max over ENVELOPE_POINTS points of the interval)."""
-        names = self.optimizer.state_names
+        names = [k for k in self.optimizer.state_names if f"optimizer.{param}.{k}" in before]
         p = before[param].double()
         state = {k: before[f"optimizer.{param}.{k}"].double() for k in names}
         step = before[STEP_KEY]
-        base = _flat(self.optimizer.update(p, grad, state, step), names)
+        lr, wd = self.hyper(param, step)
+
+        def update(g: torch.Tensor) -> list[torch.Tensor]:
+            return _flat(self.optimizer.update(p, g, state, step, lr, wd), names)
+
+        base = update(grad)
         moved = [torch.zeros_like(v) for v in base]
         for k in torch.linspace(-1, 1, ENVELOPE_POINTS).tolist():
             if k:
-                shifted = _flat(self.optimizer.update(p, grad + k * delta, state, step), names)
+                shifted = update(grad + k * delta)
                 moved = [
                     torch.maximum(m, (s - b).abs())
                     for m, s, b in zip(moved, shifted, base, strict=True)
@@ -168,23 +194,31 @@ def _gradient_noise(
 
 
 def _gradient(
-    optimizer: Optimizer,
+    noise: OptimizerNoise,
     param: str,
     before: Mapping[str, torch.Tensor],
     after: Mapping[str, torch.Tensor],
-) -> torch.Tensor:
-    """The gradient step `before` -> `after` consumed, recovered in float64 from the state:
-    AdamW's exp_avg is lerp(exp_avg, g, 1 - beta1); SGD's momentum buffer is g on the first step,
-    then momentum * buf + (1 - dampening) * g; plain SGD moves the parameter by lr * g (SGD adds
-    weight_decay * param to g first)."""
+) -> torch.Tensor | None:
+    """The gradient step `before` -> `after` consumed, recovered in float64 from the state
+    (None for an optimizer whose state does not give it back: Adafactor): Adam's exp_avg is
+    lerp(exp_avg, g, 1 - beta1) (Adam's L2 decay adds weight_decay * param to g first), Lion's
+    beta2 * m + (1 - beta2) * g; SGD's momentum buffer is g on the first step, then
+    momentum * buf + (1 - dampening) * g; plain SGD moves the parameter by lr * g (SGD adds
+    weight_decay * param to g first). The lr and weight decay are the parameter's group's."""
+    optimizer = noise.optimizer
     state = f"optimizer.{param}."
-    if isinstance(optimizer, AdamW):
+    lr, weight_decay = noise.hyper(param, before[STEP_KEY])
+    p0 = before[param].double()
+    if isinstance(optimizer, Adam):
         m0, m1 = before[state + "exp_avg"].double(), after[state + "exp_avg"].double()
-        return m0 + (m1 - m0) / (1 - optimizer.betas[0])
+        g = m0 + (m1 - m0) / (1 - optimizer.betas[0])
+        return g if optimizer.decoupled else g - weight_decay * p0
+    if isinstance(optimizer, Lion):
+        m0, m1 = before[state + "exp_avg"].double(), after[state + "exp_avg"].double()
+        return (m1 - optimizer.betas[1] * m0) / (1 - optimizer.betas[1])
     if isinstance(optimizer, SGD):
-        p0 = before[param].double()
         if optimizer.momentum == 0:
-            g = (p0 - after[param].double()) / optimizer.lr
+            g = (p0 - after[param].double()) / float(lr)
         elif float(before[STEP_KEY]) == 0:
             g = after[state + "momentum_buffer"].double()
         elif optimizer.dampening == 1:  # the buffer no longer takes the gradient
@@ -193,5 +227,5 @@ def _gradient(
             b0 = before[state + "momentum_buffer"].double()
             b1 = after[state + "momentum_buffer"].double()
             g = (b1 - optimizer.momentum * b0) / (1 - optimizer.dampening)
-        return g - optimizer.weight_decay * p0
-    raise NotImplementedError(f"no gradient recovery for optimizer {optimizer.kind!r}")
+        return g - weight_decay * p0
+    return None

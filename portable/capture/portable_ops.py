@@ -36,13 +36,17 @@ def _sdpa(node: torch.fx.Node, src: SourceLoc | None) -> Rewrite:
     b = bind(node)
     dropout = b.literal("dropout_p")
     if dropout not in (0, 0.0):
+        # reachable where capture's counter-based dropout (capture/dropout.py) did not run or
+        # did not see the call: inference capture, or SDPA inside another torch function
         raise CaptureError(
-            f"attention dropout (dropout_p={dropout}) is random and cannot be compared "
-            "across backends",
+            f"attention dropout (dropout_p={dropout}) reached the graph as torch's random draw, "
+            "which no backend reproduces",
             op="aten.scaled_dot_product_attention",
             module=src.module if src else None,
             source=src.location() if src else None,
-            fix="capture with dropout_p=0.0 (model.eval() for inference, or set attention dropout to 0)",
+            fix="for inference pass dropout_p=0.0 (model.eval()); a training capture draws "
+            "the mask from the program's counter-based generator when the model itself calls "
+            "F.scaled_dot_product_attention (not from inside another torch function)",
         )
     args = (
         b.node("query"),

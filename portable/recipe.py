@@ -15,7 +15,9 @@ it and `portable inspect` shows it. Each field maps to the eager PyTorch code it
   .backward()` per micro-batch, one optimizer step;
 - `schedule` (`portable.schedules`) from `start`: the lr of the step with counter t is
   `schedule.lr(start + t, base_lr)` for each parameter group;
-- `remat`: the `remat{policy=...}` pass applied to the step.
+- `remat`: the `remat{policy=...}` pass applied to the step;
+- `seed`: the key of the counter-based dropout generator (`portable.random`), program state
+  `rng.seed` next to the per-micro-batch counter `rng.offset`.
 
 `Recipe.from_dict` reads untrusted data (archives): every field is checked, nothing is evaluated.
 """
@@ -135,6 +137,7 @@ class Recipe:
     precision: Precision = dataclasses.field(default_factory=Precision)
     accumulate: int = 1
     remat: str = "none"
+    seed: int = 0  # the dropout generator's seed (program state rng.seed)
 
     def __post_init__(self) -> None:
         for name in ("clip_grad_norm", "clip_grad_value"):
@@ -151,6 +154,8 @@ class Recipe:
             )
         if type(self.start) is not int or not 0 <= self.start < 2**53:
             raise CaptureError(f"schedule start {self.start!r} must be an int >= 0")
+        if type(self.seed) is not int or not -(2**63) <= self.seed < 2**63:
+            raise CaptureError(f"seed={self.seed!r} must be an int64", fix="pass seed=0, 1, ...")
         if self.remat not in REMAT_POLICIES:
             raise CaptureError(
                 f"remat={self.remat!r} is not a policy",
@@ -183,6 +188,7 @@ class Recipe:
             "precision": precision,
             "accumulate": self.accumulate,
             "remat": self.remat,
+            "seed": self.seed,
         }
 
     @staticmethod
@@ -191,7 +197,7 @@ class Recipe:
         from . import schedules
 
         fields = {"schedule", "start", "clip_grad_norm", "clip_grad_value", "precision"}
-        fields |= {"accumulate", "remat"}
+        fields |= {"accumulate", "remat", "seed"}
         if not isinstance(data, dict) or set(data) - fields:
             raise ArchiveError("malformed training recipe", fix="re-save the archive")
         try:
@@ -205,6 +211,7 @@ class Recipe:
                 precision=precision,
                 accumulate=data.get("accumulate", 1),
                 remat=data.get("remat", "none"),
+                seed=data.get("seed", 0),
             )
         except CaptureError as exc:
             raise ArchiveError(

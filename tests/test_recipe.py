@@ -405,3 +405,34 @@ def test_the_parity_harness_compares_a_recipe_step_with_its_eager_loop():
         program, batch, backends=["cpu", "xla"], steps=6, eager_model=model, loss_fn=loss_fn
     )
     assert report.ok, report
+
+
+def test_dropout_trains_with_the_program_generator_on_every_backend(hf_model):
+    """Stock GPT-2 with its dropouts on (embedding, attention, residual): the step's masks
+    come from the program's generator, so cpu, xla and the eager loop under the same
+    CounterDropout agree; the offset advances per micro-batch and is checkpointable state."""
+    torch.manual_seed(0)
+    model = hf_model("gpt2", attn_pdrop=0.1, resid_pdrop=0.1, embd_pdrop=0.1)
+    _, batch, loss_fn = _hf(hf_model, "gpt2")
+    program = portable.capture(
+        model, batch, loss_fn=loss_fn, optimizer=portable.optim.SGD(lr=0.1), accumulate=2, seed=7
+    )
+    want = run_eager(
+        model,
+        batch,
+        loss_fn,
+        lambda m: torch.optim.SGD(m.parameters(), lr=0.1),
+        steps=3,
+        accumulate=2,
+        dropout_seed=7,
+    )
+    for backend in ("cpu", "xla"):
+        exe = portable.compile(program, backend=backend)
+        got = run_program(exe, batch, 3)
+        assert _loss_rtol(got, want) <= 1e-6, backend
+        assert int(exe.state["rng.offset"]) == 6 and int(exe.state["rng.seed"]) == 7
+    other = portable.capture(
+        model, batch, loss_fn=loss_fn, optimizer=portable.optim.SGD(lr=0.1), accumulate=2, seed=8
+    )
+    moved = run_program(portable.compile(other, backend="cpu"), batch, 1)
+    assert float(moved.losses[0]) != float(want.losses[0])  # another seed, other masks

@@ -23,6 +23,7 @@ from torch.export.exported_program import ExportedProgram, _decompose_exported_p
 from ..errors import CaptureError, PortableError, VerifyError
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
+from ..ir.signature import Signature
 from ..ir.source import SourceLoc, from_fx_meta
 from ..opset.bind import bind
 from ..optim import AdamW, as_optimizer
@@ -36,6 +37,7 @@ from .build import annotate, to_program
 from .complex_pairs import lower_complex
 from .decompositions import decompositions, without_error_checks
 from .decorator import ModelSpec, portable, spec_of
+from .dropout import CounterDropout
 from .diagnose import diagnose, is_user_file, without_partial_graph
 from .known_constructs import explain, refuse_known_ops
 from .loss import as_loss_fn
@@ -52,9 +54,20 @@ __all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
 _WRAPPER_PREFIX = "model."
 
 
+class _RngState(torch.nn.Module):
+    """The dropout generator's key, program state `rng.seed` and `rng.offset` (int64, 0-d):
+    the offset advances once per forward that draws (per micro-batch)."""
+
+    def __init__(self, seed: int) -> None:
+        super().__init__()
+        self.register_buffer("seed", torch.tensor(seed, dtype=torch.int64))
+        self.register_buffer("offset", torch.tensor(0, dtype=torch.int64))
+
+
 class _LossStep(torch.nn.Module):
     """forward(*batch) = loss_fn(model, *batch) / accumulate: what a training step
-    differentiates (for one micro-batch), under the recipe's autocast policy."""
+    differentiates (for one micro-batch), under the recipe's autocast policy, with dropout
+    drawn from the program's counter-based generator."""
 
     def __init__(
         self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor], recipe: Recipe
@@ -63,11 +76,18 @@ class _LossStep(torch.nn.Module):
         self.model = model
         self.loss_fn = loss_fn
         self.recipe = recipe
+        self.rng = _RngState(recipe.seed)
+        self.streams = 0  # random calls the last forward drew (CounterDropout)
 
     def forward(self, *batch: Any, **kwargs: Any) -> torch.Tensor:
         precision = self.recipe.precision
-        with Autocast(precision.compute_dtype) if precision.mixed else contextlib.nullcontext():
-            loss = self.loss_fn(self.model, *batch, **kwargs)
+        autocast = Autocast(precision.compute_dtype) if precision.mixed else None
+        with autocast or contextlib.nullcontext():
+            with CounterDropout(self.rng.seed, self.rng.offset) as dropout:
+                loss = self.loss_fn(self.model, *batch, **kwargs)
+        self.streams = dropout.streams
+        if dropout.streams:
+            self.rng.offset.add_(1)
         n = self.recipe.accumulate
         return loss if n == 1 else loss / n
 
@@ -88,6 +108,7 @@ def capture(
     precision: Precision | None = None,
     accumulate: int = 1,
     remat: str = "none",
+    seed: int = 0,
 ) -> Program:
     """Capture `model` into a Program.
 
@@ -96,7 +117,7 @@ def capture(
     `loss_fn(model, *example_inputs, **kwargs)` in train mode; `example_inputs` is then the batch,
     and the recipe (`schedule`: a `portable.schedules` value or the torch lr_scheduler built on
     `optimizer`; `clip_grad_norm`/`clip_grad_value`; `precision`; `accumulate`: micro-batches
-    along dim 0; `remat`: the remat pass's policy) is part of the program (portable/recipe.py).
+    along dim 0; `remat`: the remat pass's policy; `seed`: dropout's generator) is part of the program (portable/recipe.py).
     The model itself is left unchanged (mode and buffers are restored).
     """
     if precision is not None and not isinstance(precision, Precision):
@@ -120,6 +141,7 @@ def capture(
         "precision": precision,
         "accumulate": accumulate,
         "remat": remat,
+        "seed": seed,
     }
     try:
         with quiet_internal_warnings():
@@ -183,6 +205,7 @@ _RECIPE_DEFAULTS: dict[str, Any] = {
     "precision": None,
     "accumulate": 1,
     "remat": "none",
+    "seed": 0,
 }
 
 
@@ -212,6 +235,7 @@ def _recipe(optimizer: Any, given: dict[str, Any]) -> Recipe:
         precision=given["precision"] or Precision(),
         accumulate=given["accumulate"],
         remat=given["remat"],
+        seed=given["seed"],
     )
 
 
@@ -411,7 +435,30 @@ def _capture_training(
         ep, ProgramKind.TRAINING_STEP, name=name, strip_prefix=_WRAPPER_PREFIX, options=options
     )
     program.metadata["tied_weights"] = tied
+    if not step.streams:
+        _drop_inputs(program, (RNG_SEED, RNG_OFFSET))  # no dropout: no generator state
     return unroll(program, recipe.accumulate)
+
+
+RNG_SEED, RNG_OFFSET = "rng.seed", "rng.offset"
+
+
+def _drop_inputs(program: Program, targets: tuple[str, ...]) -> None:
+    """Remove unused state inputs (and weights) of these targets."""
+    sig = program.signature
+    drop = {i.name for i in sig.inputs if i.target in targets}
+    for node in list(program.graph.nodes):
+        if node.op == "placeholder" and node.name in drop and not node.users:
+            program.graph.erase_node(node)
+        elif node.op == "placeholder" and node.name in drop:
+            drop.discard(node.name)
+    program.graph_module.recompile()
+    program.signature = Signature(tuple(i for i in sig.inputs if i.name not in drop), sig.outputs)
+    program.weights = {
+        k: v
+        for k, v in program.weights.items()
+        if k not in targets or any(i.target == k for i in program.signature.inputs)
+    }
 
 
 def _check_scalar_loss(ep: ExportedProgram) -> None:

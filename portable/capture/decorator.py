@@ -205,7 +205,7 @@ def _check_recipe(args: dict[str, Any]) -> None:
         precision=precision or Precision(),
         accumulate=args["accumulate"],
         remat=args["remat"],
-    )
+    )  # the seed argument of @portable seeds the model's weights; dropout's is capture's
 
 
 def spec_of(obj: Any) -> ModelSpec | None:

@@ -28,6 +28,7 @@ from typing import Any
 import torch
 import torch.utils._pytree as pytree
 
+from ..capture.dropout import CounterDropout
 from ..capture.loss import as_loss_fn
 from ..errors import InputError
 from ..ir.program import Program, ProgramKind
@@ -70,7 +71,7 @@ def eager_results(
         eager,
         steps=steps,
         lr_at=_schedule_lrs(opt, recipe, trainable, eager) if recipe.schedule else None,
-        **_loop_options(recipe),
+        **_loop_options(recipe, program),
         copy_model=False,
     )
     results = {f"loss step {i + 1}": loss for i, loss in enumerate(run.losses)}
@@ -112,12 +113,15 @@ def train_eagerly(
     compute: torch.dtype = torch.float32,
     loss_scale: LossScale | None = None,
     accumulate: int = 1,
+    dropout_seed: int | None = None,
     copy_model: bool = True,
 ) -> EagerRun:
     """The eager loop of the module doc over `optimizer` (built on `model`'s parameters; with
     `copy_model`, on a deep copy's, mapped by name). The lr comes from `scheduler` (a torch
     lr_scheduler stepped after every update that is not skipped) or `lr_at(t)` (each torch
-    group's lr at schedule step t), else the optimizer's own."""
+    group's lr at schedule step t), else the optimizer's own. With `dropout_seed`, dropout draws
+    from the program's counter-based generator (`CounterDropout`, its offset advancing once per
+    forward that draws), so the masks are the program's."""
     if copy_model:
         model, optimizer, scheduler = _copied(model, optimizer, scheduler)
     model.train()
@@ -128,6 +132,7 @@ def train_eagerly(
             "cpu", scale.init, scale.growth, scale.backoff, scale.interval
         )
     params = [p for g in optimizer.param_groups for p in g["params"]]
+    rng = _Rng(dropout_seed)
     run = EagerRun([], [], [], [], {})
     updates = 0
     for _ in range(steps):
@@ -138,7 +143,7 @@ def train_eagerly(
         optimizer.zero_grad(set_to_none=True)
         total = None
         for i in range(accumulate):
-            with _autocast(compute):
+            with _autocast(compute), rng.drawing():
                 loss = loss_fn(model, *[t[i::accumulate] for t in batch])
             loss = loss / accumulate if accumulate > 1 else loss
             (scaler.scale(loss) if scaler else loss).backward()
@@ -167,6 +172,24 @@ def train_eagerly(
     return run
 
 
+class _Rng:
+    """The program's dropout generator state in an eager loop (None: torch's own dropout)."""
+
+    def __init__(self, seed: int | None) -> None:
+        self.seed = None if seed is None else torch.tensor(seed, dtype=torch.int64)
+        self.offset = torch.tensor(0, dtype=torch.int64)
+
+    @contextlib.contextmanager
+    def drawing(self) -> Iterator[None]:
+        if self.seed is None:
+            yield
+            return
+        with CounterDropout(self.seed, self.offset) as mode:
+            yield
+        if mode.streams:
+            self.offset = self.offset + 1
+
+
 def _copied(model: torch.nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any, Any, Any]:
     """A deep copy of model, optimizer and scheduler together (the optimizer then holds the
     copy's parameters, the scheduler drives the copied optimizer)."""
@@ -177,8 +200,10 @@ def _copied(model: torch.nn.Module, optimizer: Any, scheduler: Any) -> tuple[Any
     return model, optimizer, scheduler
 
 
-def _loop_options(recipe: Recipe) -> dict[str, Any]:
+def _loop_options(recipe: Recipe, program: Program) -> dict[str, Any]:
+    draws = any(i.target == "rng.seed" for i in program.signature.inputs)
     return {
+        "dropout_seed": recipe.seed if draws else None,
         "clip_grad_norm": recipe.clip_grad_norm,
         "clip_grad_value": recipe.clip_grad_value,
         "compute": recipe.precision.compute_dtype,

@@ -37,8 +37,8 @@ from .build import annotate, to_program
 from .complex_pairs import lower_complex
 from .decompositions import decompositions, without_error_checks
 from .decorator import ModelSpec, portable, spec_of
-from .dropout import CounterDropout
 from .diagnose import diagnose, is_user_file, without_partial_graph
+from .dropout import CounterDropout
 from .known_constructs import explain, refuse_known_ops
 from .loss import as_loss_fn
 from .portable_ops import rewrite_to_portable_ops

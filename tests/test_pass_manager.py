@@ -143,7 +143,7 @@ def test_unknown_pass_message():
         parse_pass("canonicalise{disable=clone}")
     assert (
         str(info.value)
-        == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, comm-overlap, dce, mx-quantize, softmax-fusion, spmd-partition"
+        == "unknown pass 'canonicalise'\n  fix: use one of: canonicalize, comm-overlap, dce, mx-quantize, remat, softmax-fusion, spmd-partition"
     )
     with pytest.raises(RegistryError, match="unknown pass 'nope'"):
         get_pass("nope")

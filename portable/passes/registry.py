@@ -15,6 +15,7 @@ registry: Registry[type[Pass]] = Registry(
         "canonicalize": "portable.passes.canonicalize:Canonicalize",
         "comm-overlap": "portable.passes.comm_overlap:CommOverlap",
         "mx-quantize": "portable.passes.mx_quantize:MXQuantize",
+        "remat": "portable.passes.remat:Remat",
         "softmax-fusion": "portable.passes.softmax_fusion:SoftmaxFusion",
         "spmd-partition": "portable.passes.spmd_partition:SpmdPartition",
     },

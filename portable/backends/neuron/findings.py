@@ -191,7 +191,7 @@ class Locator:
         while current is not None and current.computation not in seen:
             user: Instruction | None = current
             for _ in range(_USER_DEPTH):
-                node = self._named(user) if user is not None else None
+                node = self.named_node(user) if user is not None else None
                 if node is not None:
                     return node
                 user = self.users.get((user.computation, user.name)) if user else None
@@ -199,7 +199,8 @@ class Locator:
             current = self.callers.get(current.computation)
         return None
 
-    def _named(self, ins: Instruction) -> torch.fx.Node | None:
+    def named_node(self, ins: Instruction) -> torch.fx.Node | None:
+        """The node `ins`'s own op_name names (None for an instruction without one)."""
         # op_name = "jit(fn)/<node name>/<primitive>" (nested scopes add components); inside a
         # nested jit's computation it is relative ("add") and names no node
         parts = (ins.op_name or "").split("/")

@@ -4,17 +4,22 @@
                    of the inputs that are HLO parameters)
     inputs       = user inputs (the batch)
     gradients    = parameter bytes for a training step (one gradient per parameter), else 0
-    activations  = peak of live intermediate bytes over the HLO entry computation in its printed
-                   (post-)order: each result is allocated where it is defined and freed after its
-                   last use; parameters (counted above), tuples, get-tuple-element, bitcast and
-                   reshape (views) allocate nothing, and results written into donated inputs
-                   (aliased outputs) reuse those inputs' bytes
+    activations  = peak of live intermediate bytes over the HLO entry computation run in the
+                   program's order (each instruction at the place of the graph node its op_name
+                   names, after its operands; the printed post-order would compute the whole
+                   forward first, undoing a `remat` pass's placement of recomputed ops): each
+                   result is allocated where it is defined and freed after its last use;
+                   parameters (counted above), tuples, get-tuple-element, bitcast and reshape
+                   (views) allocate nothing, and results written into donated inputs (aliased
+                   outputs) reuse those inputs' bytes
     total        = state + inputs + gradients + activations
 
-The activation peak ignores fusion and rematerialization, which only lower it, and includes the
-gradient temporaries that `gradients` counts again: the total is a conservative estimate, not
-a measurement (the real figure comes from the compiler and the device). `intermediates_bytes`
-(the sum of every intermediate result) is reported as the loose upper bound.
+The activation peak ignores fusion and the compiler's own rematerialization, which only lower
+it, and the compiler's scheduling and common-subexpression elimination (which may merge a
+recomputed op with its forward twin again); it includes the gradient temporaries that
+`gradients` counts again: the total is a conservative estimate, not a measurement (the real
+figure comes from the compiler and the device). `intermediates_bytes` (the sum of every
+intermediate result) is reported as the loose upper bound.
 """
 
 from __future__ import annotations
@@ -27,7 +32,8 @@ from typing import Any
 from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind, TensorSpec
 
-from .hlo import HloModule
+from .findings import Locator
+from .hlo import HloModule, Instruction
 from .targets import NeuronTarget
 
 __all__ = ["MemoryEstimate", "estimate_memory", "spec_bytes"]
@@ -37,7 +43,8 @@ _VIEWS = frozenset({"parameter", "tuple", "get-tuple-element", "bitcast", "resha
 
 METHOD = (
     "state and inputs from the signature; gradients = parameter bytes (training); activations = "
-    "peak live intermediate bytes in HLO program order, without fusion or rematerialization; "
+    "peak live intermediate bytes with HLO instructions in the program's node order, without "
+    "fusion, the compiler's rematerialization or scheduling; "
     "conservative (gradient temporaries are counted in both)"
 )
 
@@ -103,7 +110,7 @@ def estimate_memory(
 
     weights = total(InputKind.PARAMETER)
     training = program.kind is ProgramKind.TRAINING_STEP
-    peak, intermediates = _activation_bytes(module)
+    peak, intermediates = _activation_bytes(module, _in_program_order(module, program, kept))
     return MemoryEstimate(
         weights_bytes=weights,
         buffers_bytes=total(InputKind.BUFFER),
@@ -118,9 +125,38 @@ def estimate_memory(
     )
 
 
-def _activation_bytes(module: HloModule) -> tuple[int, int]:
-    """(peak live intermediate bytes, sum of intermediate bytes) of the entry computation."""
+def _in_program_order(
+    module: HloModule, program: Program, kept: Sequence[int] | None
+) -> list[Instruction]:
+    """The entry computation's instructions ordered as the program runs their nodes, ties in
+    printed order (which is topological). Each instruction whose op_name names a node goes at
+    the latest of that node's position and its operands' places; one that names none goes with
+    its operands, or (a constant, an iota: no operands) at its first user's place."""
     entry = module.entry.instructions
+    locate = Locator.of(module, program, kept)
+    position = {node: k for k, node in enumerate(program.graph.nodes)}
+    place: dict[str, int] = {}
+    leaves = []
+    for ins in entry:
+        node = None if ins.opcode == "parameter" else locate.named_node(ins)
+        if node is None and not ins.operands and ins.opcode != "parameter":
+            leaves.append(ins)
+            continue
+        own = position.get(node, -1) if node is not None else -1
+        place[ins.name] = max([own, *(place.get(o, -1) for o in ins.operands)])
+    users: dict[str, list[int]] = {}
+    for ins in entry:
+        for operand in ins.operands:
+            users.setdefault(operand, []).append(place.get(ins.name, -1))
+    for ins in leaves:
+        place[ins.name] = min(users.get(ins.name, [-1]))
+    printed = {ins.name: k for k, ins in enumerate(entry)}
+    return sorted(entry, key=lambda ins: (place[ins.name], printed[ins.name]))
+
+
+def _activation_bytes(module: HloModule, entry: Sequence[Instruction]) -> tuple[int, int]:
+    """(peak live intermediate bytes, sum of intermediate bytes) of the entry computation's
+    instructions `entry`, run in that order."""
     position = {ins.name: k for k, ins in enumerate(entry)}
     donated = _donated_results(module)
     # the buffers each value refers to: itself, or (for views) its operands' buffers

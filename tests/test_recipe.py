@@ -436,3 +436,23 @@ def test_dropout_trains_with_the_program_generator_on_every_backend(hf_model):
     )
     moved = run_program(portable.compile(other, backend="cpu"), batch, 1)
     assert float(moved.losses[0]) != float(want.losses[0])  # another seed, other masks
+
+
+def test_remat_in_the_recipe_keeps_the_numbers_and_saves_activations(example_spec):
+    from portable.passes.remat import Remat, saved_bytes_by_layer, step_parts
+
+    spec = example_spec("gpt")
+    torch.manual_seed(0)
+    model = spec.build()
+    batch = spec.batch()
+    runs, peaks = {}, {}
+    for policy in ("none", "selective", "full"):
+        program = portable.capture(
+            model, batch, loss_fn=spec.loss_fn, optimizer=portable.optim.AdamW(), remat=policy
+        )
+        applied = [p for p in program.metadata.get("passes", []) if p.startswith("remat")]
+        assert applied == ([] if policy == "none" else [Remat(policy=policy).spec()])
+        runs[policy] = run_program(portable.compile(program, backend="cpu"), batch, 3)
+        peaks[policy] = sum(saved_bytes_by_layer(program, step_parts(program)).values())
+    assert _identical(runs["selective"], runs["none"]) and _identical(runs["full"], runs["none"])
+    assert peaks["full"] <= peaks["selective"] < peaks["none"], peaks

@@ -195,6 +195,11 @@ def _capture(
                 model, loss_fn, args, kwargs, dynamic_shapes, name, options, recipe
             )
             program = add_optimizer(program, opt, recipe)
+        if recipe.remat != "none":
+            from ..passes.manager import PassManager
+            from ..passes.remat import Remat
+
+            program, _ = PassManager([Remat(policy=recipe.remat)]).run(program)
     return program
 
 

@@ -40,7 +40,9 @@ _NOT_IN_OPSET = (
     "added to the opset"
 )
 _RANDOM = (
-    "random ops cannot be compared across backends: set dropout p=0 (or model.eval()) for capture"
+    "torch's RNG cannot be reproduced across backends: in a training capture, dropout "
+    "(F.dropout, nn.Dropout, SDPA's dropout_p) draws from the program's counter-based "
+    "generator; draw other noise with portable.random.uniform(...), or set p=0 / model.eval()"
 )
 _HINTS = {
     "aten.native_dropout.default": _RANDOM,

@@ -141,7 +141,9 @@ class _Update:
 
     def _lrs(self, step: torch.Tensor) -> list[torch.Tensor]:
         """Each group's lr this step (float64, 0-d): the schedule at start + step."""
-        t = step.to(torch.float64) + float(self.recipe.start)
+        t = step.to(torch.float64)
+        if self.recipe.start:
+            t = t + float(self.recipe.start)
         schedule = self.recipe.schedule
         lrs = []
         for group in range(max(self.groups, default=0) + 1):

@@ -230,8 +230,15 @@ def embedding_dense_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     lead = merged_dims([xs, grad_only])
     used = {a for d in lead for a in d}
     last = gs.dims[-1] if not (set(gs.dims[-1]) & used) else ()
-    out = Sharding(((), last), tuple(sorted((a, "sum") for a in used)))
-    return Decision({"grad_output": Sharding(lead + (last,)), "indices": Sharding(lead)}, out)
+    # the scatter-add is linear in the gradient: a gradient that is a partial sum (a position
+    # table's, summed over a split batch) stays one, reduced once where it is consumed (once
+    # per step under accumulation), not here
+    partial = tuple(
+        (a, kind) for a, kind in ctx.sh(grad).partial if kind == "sum" and a not in used
+    )
+    out = Sharding(((), last), tuple(sorted({(a, "sum") for a in used} | set(partial))))
+    want = Sharding(lead + (last,), partial)
+    return Decision({"grad_output": want, "indices": Sharding(lead)}, out)
 
 
 @rule(aten.nll_loss_forward.default)

@@ -28,8 +28,10 @@ inputs of that layer are recomputed likewise (one copy per value, shared by its 
 copy is placed right before its first reader, so a recomputed value lives only from there to its
 last reader; copies are tagged `phase=backward` with their forward op's micro-batch. A backward
 op outside the layer (the final norm's, reading the last block's output) reads the value as
-saved, as an autograd node outside a torch.utils.checkpoint region does. The forward itself is
-unchanged. Where a backward op's module path is off, less is recomputed, never wrongly.
+saved, as an autograd node outside a torch.utils.checkpoint region does. A view of values that
+stay saved (a weight's transpose, a saved matmul result's reshape) stays saved too: it holds no
+memory of its own. The forward itself is unchanged. Where a backward op's module path is off,
+less is recomputed, never wrongly.
 
 **Numerics**: a copy runs the same op on the same inputs (the same values, in the same layouts),
 so the program computes bit-identical results (tests/test_remat.py, against the program without
@@ -62,7 +64,7 @@ from torch.fx import Node
 
 from portable.capture.training import MICRO_BATCH, PHASE
 from portable.errors import PassError
-from portable.ir.liveness import liveness
+from portable.ir.liveness import aliased_inputs, liveness
 from portable.ir.program import Program, ProgramKind
 from portable.ir.rewriter import Rewriter
 from portable.ir.signature import OutputKind
@@ -183,12 +185,19 @@ class _Recompute:
 
     def recomputable(self, value: object, layer: str | None, micro: int | None) -> bool:
         """Whether `value` is a forward value of `layer` (micro-batch `micro`) the policy does
-        not save."""
+        not save. A view of values that stay saved (a parameter's transpose, a saved matmul's
+        reshape) stays too: it holds no memory of its own, and recomputing it costs an op."""
         if not isinstance(value, Node) or not self.parts.is_forward(value) or layer is None:
             return False
         if self.parts.layer.get(value) != layer or self.parts.micro_batch.get(value) != micro:
             return False
-        return _producer(value).target not in self.saved_ops
+        producer = _producer(value)
+        if producer.target in self.saved_ops:
+            return False
+        bases = aliased_inputs(producer)
+        if bases is None:
+            return True
+        return any(self.recomputable(b, layer, micro) for b in bases)
 
     def request(self, value: Node, reader: Node) -> None:
         """`reader` (a backward op, or a copy placed before it) needs a copy of `value`: note

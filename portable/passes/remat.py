@@ -47,7 +47,7 @@ the communication.
 and `peak_bytes_before` / `peak_bytes_after` (the step's peak of live intermediates); a note and
 a table row per layer with its saved bytes before and after. Bytes follow
 `portable.ir.liveness`, the cpu backend's memory model (views allocate nothing, values die after
-their last reader).
+their last reader); a buffer sized by a dynamic dim counts 0 bytes, and a note says how many.
 """
 
 from __future__ import annotations
@@ -55,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -64,7 +63,7 @@ from torch.fx import Node
 
 from portable.capture.training import MICRO_BATCH, PHASE
 from portable.errors import PassError
-from portable.ir.liveness import aliased_inputs, liveness
+from portable.ir.liveness import Liveness, aliased_inputs, liveness
 from portable.ir.program import Program, ProgramKind
 from portable.ir.rewriter import Rewriter
 from portable.ir.signature import OutputKind
@@ -157,11 +156,14 @@ def _layer_of(node: Node, pattern: re.Pattern[str]) -> str | None:
     return None
 
 
-def saved_bytes_by_layer(program: Program, parts: StepParts) -> dict[str, int]:
+def saved_bytes_by_layer(
+    program: Program, parts: StepParts, live: Liveness | None = None
+) -> dict[str, int]:
     """Bytes of the buffers forward ops make that a backward or optimizer op reads, by the
-    producing op's layer (`OUTSIDE` for ops in none), in graph order of first appearance."""
+    producing op's layer (`OUTSIDE` for ops in none), in graph order of first appearance.
+    `live`: the program's liveness, when the caller has it."""
     out: dict[str, int] = {}
-    for buffer in liveness(program.graph).buffers:
+    for buffer in (live or liveness(program.graph)).buffers:
         owner = buffer.owner
         if not parts.is_forward(owner):
             continue
@@ -327,55 +329,63 @@ class Remat(Pass):
             note = "not a training step: there is no backward to recompute in"
             return PassResult(program, self.report(False, {"recomputed": 0}, [note]))
         parts = step_parts(program, self.layers)
-        before = saved_bytes_by_layer(program, parts)
+        before = _Memory.of(program, parts)
         layers = list(dict.fromkeys(v for v in parts.layer.values() if v is not None))
         if self.policy == "none" or not layers:
             why = "policy=none" if layers else f"no layer: no module path matches {self._pattern()}"
-            counts = {"recomputed": 0, "layers": len(layers), **_totals(program, before, "before")}
+            counts = {"recomputed": 0, "layers": len(layers), **before.counts("before")}
             return PassResult(program, self.report(False, counts, [why]))
         out = program.replace()
         made = rematerialize(out.graph, step_parts(out, self.layers), self.policy)
-        out.graph_module.recompile()
-        after = saved_bytes_by_layer(out, step_parts(out, self.layers))
-        return PassResult(out, self._report(made, layers, program, before, out, after))
+        if not made:
+            out = program  # nothing a layer's backward reads is recomputable: no change
+        else:
+            out.graph_module.recompile()
+        after = _Memory.of(out, step_parts(out, self.layers))
+        return PassResult(out, self._report(made, layers, before, after))
 
     def _pattern(self) -> str:
         return self.layers if self.layers is not None else DEFAULT_LAYERS
 
-    def _report(
-        self,
-        made: int,
-        layers: list[str],
-        program: Program,
-        before: dict[str, int],
-        out: Program,
-        after: dict[str, int],
-    ) -> PassReport:
+    def _report(self, made: int, layers: list[str], before: _Memory, after: _Memory) -> PassReport:
         counts = {
             "recomputed": made,
             "layers": len(layers),
-            **_totals(program, before, "before"),
-            **_totals(out, after, "after"),
+            **before.counts("before"),
+            **after.counts("after"),
         }
+        b, a = before.saved, after.saved
         rows = [
-            (key, format_bytes(before.get(key, 0)), format_bytes(after.get(key, 0)))
-            for key in _row_order(layers, before, after)
+            (key, format_bytes(b.get(key, 0)), format_bytes(a.get(key, 0)))
+            for key in _row_order(layers, b, a)
         ]
-        notes = [f"{key}: saved {b} -> {a}" for key, b, a in rows]
+        notes = [f"{key}: saved {sb} -> {sa}" for key, sb, sa in rows]
+        if after.unsized:
+            notes.append(f"{after.unsized} buffers have dynamic sizes: counted as 0 bytes")
         report = self.report(made > 0, counts, notes)
         table = ReportTable(("layer", "saved before", "saved after"), tuple(rows))
-        record = {"saved_bytes": {k: [before.get(k, 0), after.get(k, 0)] for k, *_ in rows}}
+        record = {"saved_bytes": {k: [b.get(k, 0), a.get(k, 0)] for k, *_ in rows}}
         return dataclasses.replace(report, tables=(table,), record=record)
 
 
-def _totals(program: Program, saved: dict[str, int], when: str) -> dict[str, int]:
-    return {
-        f"saved_bytes_{when}": sum(saved.values()),
-        f"peak_bytes_{when}": liveness(program.graph).peak_bytes,
-    }
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+    """A program's saved bytes by layer, its peak, and how many buffers have no static size."""
+
+    saved: dict[str, int]
+    peak: int
+    unsized: int
+
+    @staticmethod
+    def of(program: Program, parts: StepParts) -> _Memory:
+        live = liveness(program.graph)
+        return _Memory(saved_bytes_by_layer(program, parts, live), live.peak_bytes, live.unsized)
+
+    def counts(self, when: str) -> dict[str, int]:
+        return {f"saved_bytes_{when}": sum(self.saved.values()), f"peak_bytes_{when}": self.peak}
 
 
 def _row_order(layers: Iterable[str], *saved: dict[str, int]) -> list[str]:
+    """The layers in graph order, then any other row (`OUTSIDE`)."""
     keys = list(dict.fromkeys(layers))
-    extra = Counter(k for s in saved for k in s if k not in keys)
-    return keys + sorted(extra)
+    return keys + sorted({k for s in saved for k in s} - set(keys))

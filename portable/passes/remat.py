@@ -28,8 +28,10 @@ inputs of that layer are recomputed likewise (one copy per value, shared by its 
 copy is placed right before its first reader, so a recomputed value lives only from there to its
 last reader; copies are tagged `phase=backward` with their forward op's micro-batch. A backward
 op outside the layer (the final norm's, reading the last block's output) reads the value as
-saved, as an autograd node outside a torch.utils.checkpoint region does. The forward itself is
-unchanged. Where a backward op's module path is off, less is recomputed, never wrongly.
+saved, as an autograd node outside a torch.utils.checkpoint region does. A view of values that
+stay saved (a weight's transpose, a saved matmul result's reshape) stays saved too: it holds no
+memory of its own. The forward itself is unchanged. Where a backward op's module path is off,
+less is recomputed, never wrongly.
 
 **Numerics**: a copy runs the same op on the same inputs (the same values, in the same layouts),
 so the program computes bit-identical results (tests/test_remat.py, against the program without
@@ -45,7 +47,7 @@ the communication.
 and `peak_bytes_before` / `peak_bytes_after` (the step's peak of live intermediates); a note and
 a table row per layer with its saved bytes before and after. Bytes follow
 `portable.ir.liveness`, the cpu backend's memory model (views allocate nothing, values die after
-their last reader).
+their last reader); a buffer sized by a dynamic dim counts 0 bytes, and a note says how many.
 """
 
 from __future__ import annotations
@@ -53,7 +55,6 @@ from __future__ import annotations
 import dataclasses
 import operator
 import re
-from collections import Counter
 from collections.abc import Iterable, Mapping
 
 import torch
@@ -62,7 +63,7 @@ from torch.fx import Node
 
 from portable.capture.training import MICRO_BATCH, PHASE
 from portable.errors import PassError
-from portable.ir.liveness import liveness
+from portable.ir.liveness import Liveness, aliased_inputs, liveness
 from portable.ir.program import Program, ProgramKind
 from portable.ir.rewriter import Rewriter
 from portable.ir.signature import OutputKind
@@ -155,11 +156,14 @@ def _layer_of(node: Node, pattern: re.Pattern[str]) -> str | None:
     return None
 
 
-def saved_bytes_by_layer(program: Program, parts: StepParts) -> dict[str, int]:
+def saved_bytes_by_layer(
+    program: Program, parts: StepParts, live: Liveness | None = None
+) -> dict[str, int]:
     """Bytes of the buffers forward ops make that a backward or optimizer op reads, by the
-    producing op's layer (`OUTSIDE` for ops in none), in graph order of first appearance."""
+    producing op's layer (`OUTSIDE` for ops in none), in graph order of first appearance.
+    `live`: the program's liveness, when the caller has it."""
     out: dict[str, int] = {}
-    for buffer in liveness(program.graph).buffers:
+    for buffer in (live or liveness(program.graph)).buffers:
         owner = buffer.owner
         if not parts.is_forward(owner):
             continue
@@ -183,12 +187,19 @@ class _Recompute:
 
     def recomputable(self, value: object, layer: str | None, micro: int | None) -> bool:
         """Whether `value` is a forward value of `layer` (micro-batch `micro`) the policy does
-        not save."""
+        not save. A view of values that stay saved (a parameter's transpose, a saved matmul's
+        reshape) stays too: it holds no memory of its own, and recomputing it costs an op."""
         if not isinstance(value, Node) or not self.parts.is_forward(value) or layer is None:
             return False
         if self.parts.layer.get(value) != layer or self.parts.micro_batch.get(value) != micro:
             return False
-        return _producer(value).target not in self.saved_ops
+        producer = _producer(value)
+        if producer.target in self.saved_ops:
+            return False
+        bases = aliased_inputs(producer)
+        if bases is None:
+            return True
+        return any(self.recomputable(b, layer, micro) for b in bases)
 
     def request(self, value: Node, reader: Node) -> None:
         """`reader` (a backward op, or a copy placed before it) needs a copy of `value`: note
@@ -318,55 +329,63 @@ class Remat(Pass):
             note = "not a training step: there is no backward to recompute in"
             return PassResult(program, self.report(False, {"recomputed": 0}, [note]))
         parts = step_parts(program, self.layers)
-        before = saved_bytes_by_layer(program, parts)
+        before = _Memory.of(program, parts)
         layers = list(dict.fromkeys(v for v in parts.layer.values() if v is not None))
         if self.policy == "none" or not layers:
             why = "policy=none" if layers else f"no layer: no module path matches {self._pattern()}"
-            counts = {"recomputed": 0, "layers": len(layers), **_totals(program, before, "before")}
+            counts = {"recomputed": 0, "layers": len(layers), **before.counts("before")}
             return PassResult(program, self.report(False, counts, [why]))
         out = program.replace()
         made = rematerialize(out.graph, step_parts(out, self.layers), self.policy)
-        out.graph_module.recompile()
-        after = saved_bytes_by_layer(out, step_parts(out, self.layers))
-        return PassResult(out, self._report(made, layers, program, before, out, after))
+        if not made:
+            out = program  # nothing a layer's backward reads is recomputable: no change
+        else:
+            out.graph_module.recompile()
+        after = _Memory.of(out, step_parts(out, self.layers))
+        return PassResult(out, self._report(made, layers, before, after))
 
     def _pattern(self) -> str:
         return self.layers if self.layers is not None else DEFAULT_LAYERS
 
-    def _report(
-        self,
-        made: int,
-        layers: list[str],
-        program: Program,
-        before: dict[str, int],
-        out: Program,
-        after: dict[str, int],
-    ) -> PassReport:
+    def _report(self, made: int, layers: list[str], before: _Memory, after: _Memory) -> PassReport:
         counts = {
             "recomputed": made,
             "layers": len(layers),
-            **_totals(program, before, "before"),
-            **_totals(out, after, "after"),
+            **before.counts("before"),
+            **after.counts("after"),
         }
+        b, a = before.saved, after.saved
         rows = [
-            (key, format_bytes(before.get(key, 0)), format_bytes(after.get(key, 0)))
-            for key in _row_order(layers, before, after)
+            (key, format_bytes(b.get(key, 0)), format_bytes(a.get(key, 0)))
+            for key in _row_order(layers, b, a)
         ]
-        notes = [f"{key}: saved {b} -> {a}" for key, b, a in rows]
+        notes = [f"{key}: saved {sb} -> {sa}" for key, sb, sa in rows]
+        if after.unsized:
+            notes.append(f"{after.unsized} buffers have dynamic sizes: counted as 0 bytes")
         report = self.report(made > 0, counts, notes)
         table = ReportTable(("layer", "saved before", "saved after"), tuple(rows))
-        record = {"saved_bytes": {k: [before.get(k, 0), after.get(k, 0)] for k, *_ in rows}}
+        record = {"saved_bytes": {k: [b.get(k, 0), a.get(k, 0)] for k, *_ in rows}}
         return dataclasses.replace(report, tables=(table,), record=record)
 
 
-def _totals(program: Program, saved: dict[str, int], when: str) -> dict[str, int]:
-    return {
-        f"saved_bytes_{when}": sum(saved.values()),
-        f"peak_bytes_{when}": liveness(program.graph).peak_bytes,
-    }
+@dataclasses.dataclass(frozen=True)
+class _Memory:
+    """A program's saved bytes by layer, its peak, and how many buffers have no static size."""
+
+    saved: dict[str, int]
+    peak: int
+    unsized: int
+
+    @staticmethod
+    def of(program: Program, parts: StepParts) -> _Memory:
+        live = liveness(program.graph)
+        return _Memory(saved_bytes_by_layer(program, parts, live), live.peak_bytes, live.unsized)
+
+    def counts(self, when: str) -> dict[str, int]:
+        return {f"saved_bytes_{when}": sum(self.saved.values()), f"peak_bytes_{when}": self.peak}
 
 
 def _row_order(layers: Iterable[str], *saved: dict[str, int]) -> list[str]:
+    """The layers in graph order, then any other row (`OUTSIDE`)."""
     keys = list(dict.fromkeys(layers))
-    extra = Counter(k for s in saved for k in s if k not in keys)
-    return keys + sorted(extra)
+    return keys + sorted({k for s in saved for k in s} - set(keys))

@@ -13,6 +13,7 @@ recipe (float32 compute, or float16 where bfloat16 was asked) falls outside BF16
 
 from __future__ import annotations
 
+import copy
 import json
 import math
 
@@ -23,6 +24,7 @@ import torch.nn.functional as F
 import portable
 from portable import schedules
 from portable.errors import CaptureError, PlanError
+from portable.testing.eager import train_eagerly
 from tests.support.recipe_reference import run_eager, run_program
 
 STEPS = 10
@@ -203,6 +205,10 @@ def test_the_examples_train_with_every_feature_on_cpu_and_xla(stem, example_spec
         )
         assert _loss_rtol(got, want) <= 1e-6, backend
         assert got.lrs == pytest.approx(want.lrs, rel=1e-12, abs=0)
+    got, want = _both(
+        model, batch, spec.loss_fn, compute=torch.bfloat16, clip_grad_norm=1.0, accumulate=2
+    )
+    assert _loss_rtol(got, want) <= BF16_LOSS_RTOL
 
 
 @pytest.mark.parametrize("name", ["llama", "gpt2"])
@@ -456,3 +462,55 @@ def test_remat_in_the_recipe_keeps_the_numbers_and_saves_activations(example_spe
         peaks[policy] = sum(saved_bytes_by_layer(program, step_parts(program)).values())
     assert _identical(runs["selective"], runs["none"]) and _identical(runs["full"], runs["none"])
     assert peaks["full"] <= peaks["selective"] < peaks["none"], peaks
+
+
+OPTIMIZERS = {
+    "sgd-nesterov": lambda m: torch.optim.SGD(
+        m.parameters(), lr=LR, momentum=0.9, nesterov=True, weight_decay=0.01
+    ),
+    "adam-l2-amsgrad": lambda m: torch.optim.Adam(
+        m.parameters(), lr=LR, weight_decay=0.1, amsgrad=True
+    ),
+    "adamw-amsgrad": lambda m: torch.optim.AdamW(m.parameters(), lr=LR, amsgrad=True),
+    "adafactor": lambda m: torch.optim.Adafactor(m.parameters(), lr=LR),
+    "adamw-groups": lambda m: torch.optim.AdamW(
+        [
+            {"params": [p for n, p in m.named_parameters() if n.endswith("weight")]},
+            {"params": [p for n, p in m.named_parameters() if n.endswith("bias")], "lr": LR / 10,
+             "weight_decay": 0.0},
+        ],
+        lr=LR,
+        weight_decay=0.1,
+    ),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", OPTIMIZERS)
+def test_every_optimizer_and_parameter_groups_step_as_torch_optim(name):
+    """The captured step with each torch optimizer (and a warmup-cosine schedule driving every
+    group from its own base lr) is bit-identical to the eager loop over 10 steps."""
+    model, batch, loss_fn = _mlp()
+    got, want = _both(model, batch, loss_fn, make=OPTIMIZERS[name], clip_grad_norm=0.5)
+    assert _identical(got, want)
+
+
+def test_lion_and_portable_groups_step_as_their_eager_equivalent():
+    model, batch, loss_fn = _mlp()
+    opt = portable.optim.Lion(lr=1e-3, weight_decay=0.1, groups=portable.optim.no_decay_groups())
+    program = portable.capture(
+        model, batch, loss_fn=loss_fn, optimizer=opt, schedule=schedules.LinearWarmup(steps=5)
+    )
+    got = run_program(portable.compile(program, backend="cpu"), batch, STEPS)
+    reference = copy.deepcopy(model)
+    eager = portable.optim.to_torch(opt, dict(reference.named_parameters()))
+    warmup = schedules.LinearWarmup(steps=5)
+    bases = [g["lr"] for g in eager.param_groups]
+
+    def lr_at(t: int) -> list[float]:
+        step = torch.tensor(float(t), dtype=torch.float64)
+        return [float(warmup.lr(step, base)) for base in bases]
+
+    want = train_eagerly(
+        reference, batch, loss_fn, eager, steps=STEPS, lr_at=lr_at, copy_model=False
+    )
+    assert _identical(got, want)

@@ -131,7 +131,7 @@ def train_eagerly(
         scaler = torch.amp.GradScaler(
             "cpu", scale.init, scale.growth, scale.backoff, scale.interval
         )
-    params = [p for g in optimizer.param_groups for p in g["params"]]
+    params = [p for p in model.parameters() if p.requires_grad]  # clip_grad_norm_'s order
     rng = _Rng(dropout_seed)
     run = EagerRun([], [], [], [], {})
     updates = 0

@@ -31,6 +31,7 @@ from typing import Any
 import torch
 
 from .errors import ArchiveError, CaptureError
+from .schedules import Schedule
 
 __all__ = ["REMAT_POLICIES", "LossScale", "Precision", "Recipe", "recipe_of"]
 
@@ -194,8 +195,6 @@ class Recipe:
     @staticmethod
     def from_dict(data: Any) -> Recipe:
         """The recipe an archive recorded (untrusted: ArchiveError on anything malformed)."""
-        from . import schedules
-
         fields = {"schedule", "start", "clip_grad_norm", "clip_grad_value", "precision"}
         fields |= {"accumulate", "remat", "seed"}
         if not isinstance(data, dict) or set(data) - fields:
@@ -204,7 +203,7 @@ class Recipe:
             precision = _precision_from(data.get("precision", {}))
             schedule = data.get("schedule")
             return Recipe(
-                schedule=None if schedule is None else schedules.Schedule.from_dict(schedule),
+                schedule=None if schedule is None else Schedule.from_dict(schedule),
                 start=data.get("start", 0),
                 clip_grad_norm=_number_or_none(data.get("clip_grad_norm")),
                 clip_grad_value=_number_or_none(data.get("clip_grad_value")),

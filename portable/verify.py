@@ -50,6 +50,12 @@ _HINTS = {
     "aten.bernoulli.default": _RANDOM,
     "aten.rand.default": _RANDOM,
     "aten.randn.default": _RANDOM,
+    "aten.rand_like.default": _RANDOM,
+    "aten.randn_like.default": _RANDOM,
+    "aten.randint.low": _RANDOM,
+    "aten.randperm.default": _RANDOM,
+    "aten.normal.Tensor_float": _RANDOM,
+    "aten.uniform.default": _RANDOM,
     "aten.nonzero.default": "nonzero has a value-dependent shape: use a mask with torch.where",
     "aten._local_scalar_dense.default": "avoid .item() / float(tensor) in forward: keep values as tensors",
 }

@@ -38,7 +38,8 @@ def test_examples_print_identically_after_a_parse(stem: str, kind: str) -> None:
 
 def _without_untexted(doc: Any) -> Any:
     """An archive document less what the text does not carry: metadata, source file and line,
-    the list/tuple distinction."""
+    a training step's phases (the remat pass re-derives them as capture does), the list/tuple
+    distinction."""
     if isinstance(doc, dict):
         if set(doc) == {"tuple"}:
             return _without_untexted(doc["tuple"])
@@ -46,7 +47,8 @@ def _without_untexted(doc: Any) -> Any:
             k: ({"module": v["module"]} if k == "source" and v and "module" in v else
                 _without_untexted(v))
             for k, v in doc.items()
-            if k != "metadata" and not (k == "source" and (not v or "module" not in v))
+            if k not in ("metadata", "phase")
+            and not (k == "source" and (not v or "module" not in v))
         }  # fmt: skip
     if isinstance(doc, list):
         return [_without_untexted(v) for v in doc]

@@ -178,7 +178,8 @@ def test_long_sequences_have_no_square_intermediate(training, tmp_path):
     neuron_hlo, findings = _neuron_hlo(program, tmp_path)
     # int32 loop counters, constant trip counts: not even a warning (the plain form's causal
     # iota is int64 and draws an int64-downcast warning)
-    assert not findings
+    # (a training step's optimizer computes its lr in float64: downcast, as everywhere)
+    assert not [f for f in findings if f.code != "fp64-downcast"]
     for backend, text in (
         ("xla", portable.lower(program, "xla").payload.as_text()),
         ("neuron:trn3", neuron_hlo),

@@ -16,6 +16,7 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from portable.errors import BackendError, PassError
+from portable.registry import Registry
 
 if TYPE_CHECKING:
     from .base import Backend
@@ -52,7 +53,6 @@ def _parse(name: str, cls: type, text: str) -> dict[str, Any]:
     """The options `text` sets to other than their defaults, converted by the pass-option grammar
     (its messages, about a backend instead of a pass)."""
     from portable.passes.spec import parse_pass
-    from portable.registry import Registry
 
     # the grammar reads a pass class: the options class under the backend's name
     reader = type(cls.__name__, (cls,), {"name": name, "__module__": cls.__module__})

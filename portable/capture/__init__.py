@@ -63,6 +63,10 @@ class _RngState(torch.nn.Module):
         self.register_buffer("seed", torch.tensor(seed, dtype=torch.int64))
         self.register_buffer("offset", torch.tensor(0, dtype=torch.int64))
 
+    def key(self) -> tuple[torch.Tensor, torch.Tensor]:
+        seed, offset = self.get_buffer("seed"), self.get_buffer("offset")
+        return seed, offset
+
 
 class _LossStep(torch.nn.Module):
     """forward(*batch) = loss_fn(model, *batch) / accumulate: what a training step
@@ -82,12 +86,13 @@ class _LossStep(torch.nn.Module):
     def forward(self, *batch: Any, **kwargs: Any) -> torch.Tensor:
         precision = self.recipe.precision
         autocast = Autocast(precision.compute_dtype) if precision.mixed else None
+        seed, offset = self.rng.key()
         with autocast or contextlib.nullcontext():
-            with CounterDropout(self.rng.seed, self.rng.offset) as dropout:
+            with CounterDropout(seed, offset) as dropout:
                 loss = self.loss_fn(self.model, *batch, **kwargs)
         self.streams = dropout.streams
         if dropout.streams:
-            self.rng.offset.add_(1)
+            offset.add_(1)
         n = self.recipe.accumulate
         return loss if n == 1 else loss / n
 
@@ -196,10 +201,11 @@ def _capture(
             )
             program = add_optimizer(program, opt, recipe)
         if recipe.remat != "none":
-            from ..passes.manager import PassManager
-            from ..passes.remat import Remat
+            # the one pass capture applies: the recipe names it (passes sit above capture)
+            from ..passes import manager, remat
 
-            program, _ = PassManager([Remat(policy=recipe.remat)]).run(program)
+            pipeline = manager.PassManager([remat.Remat(policy=recipe.remat)])
+            program, _ = pipeline.run(program)
     return program
 
 

@@ -28,7 +28,7 @@ import torch.fx
 
 from ..errors import CaptureError
 from ..ir.program import Program
-from ..ir.signature import InputKind, InputSpec, OutputKind, Signature, TensorSpec
+from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
 from .training import MICRO_BATCH, MICRO_LOSS, PHASE, tag_phases
 
 __all__ = ["micro_batch", "unroll"]
@@ -81,7 +81,9 @@ def unroll(program: Program, n: int) -> Program:
             new.meta["val"] = _fake_like(node.meta["val"], n)
         inputs.append(spec)
         env[node.name] = new
-    buffers = {o.aliases: o for o in sig.outputs_of(OutputKind.UPDATED_STATE) if o.aliases}
+    buffers: dict[str, OutputSpec] = {
+        o.aliases: o for o in sig.outputs_of(OutputKind.UPDATED_STATE) if o.aliases
+    }
     loss: torch.fx.Node | None = None
     grads: list[torch.fx.Node] | None = None
     current = dict(env)  # the value each placeholder stands for in the next copy
@@ -106,16 +108,16 @@ def unroll(program: Program, n: int) -> Program:
         for alias, out in buffers.items():
             current[alias] = values[out.name]
     assert loss is not None and grads is not None
-    final = {o.name: current[o.aliases] for o in buffers.values()}
+    final = {o.name: current[alias] for alias, o in buffers.items()}
     final[sig.outputs_of(OutputKind.LOSS)[0].name] = loss
     final.update(zip((g.name for g in sig.outputs_of(OutputKind.GRADIENT)), grads, strict=True))
     graph.output(tuple(final[o.name] for o in sig.outputs))
     graph.eliminate_dead_code()
     graph.lint()
-    out = program.replace()
-    out.graph_module = torch.fx.GraphModule(program.graph_module, graph)
-    out.signature = Signature(tuple(inputs), sig.outputs)
-    return out
+    step = program.replace()
+    step.graph_module = torch.fx.GraphModule(program.graph_module, graph)
+    step.signature = Signature(tuple(inputs), sig.outputs)
+    return step
 
 
 def _placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
@@ -123,7 +125,9 @@ def _placeholders(graph: torch.fx.Graph) -> list[torch.fx.Node]:
 
 
 def _whole(spec: InputSpec, n: int) -> InputSpec:
-    shape = (spec.spec.shape[0] * n, *spec.spec.shape[1:])  # type: ignore[operator]
+    rows = spec.spec.shape[0]
+    assert isinstance(rows, int)  # micro_batch checked the batch (static shapes)
+    shape = (rows * n, *spec.spec.shape[1:])
     return InputSpec(spec.name, spec.kind, TensorSpec(tuple(shape), spec.spec.dtype), spec.target)
 
 

@@ -83,7 +83,9 @@ class Autocast(TorchFunctionMode):
         self._base_nesting = _nesting()
         return super().__enter__()
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+    def __torch_function__(
+        self, func: Any, types: Any, args: Any = (), kwargs: dict[str, Any] | None = None
+    ) -> Any:
         kwargs = kwargs or {}
         policy = policy_of(func) if self._active() else None
         if policy == "lower":

@@ -24,6 +24,8 @@ import torch
 
 from ..errors import CaptureError, PortableError
 from ..optim import Optimizer
+from ..recipe import Precision, Recipe
+from ..schedules import Schedule
 from .diagnose import user_code_failed
 
 __all__ = ["ModelSpec", "portable", "spec_of"]
@@ -181,9 +183,6 @@ def portable(
 
 def _check_recipe(args: dict[str, Any]) -> None:
     """The recipe's own checks (portable.recipe.Recipe), at decoration time."""
-    from ..recipe import Precision, Recipe
-    from ..schedules import Schedule
-
     schedule = args["schedule"]
     if schedule is not None and not isinstance(schedule, Schedule):
         raise CaptureError(

@@ -110,7 +110,8 @@ class _Update:
         metrics.append(lrs[0])
         if norm is not None:
             metrics.append(norm)
-        new_params, new_states = [], []
+        new_params: list[torch.Tensor] = []
+        new_states: list[torch.Tensor] = []
         for param, grad, group, state in zip(params, grads, self.groups, states, strict=True):
             _, weight_decay = self.optimizer.group_hyper(group)
             p, s = self.optimizer.update(param, grad, state, step, lrs[group], weight_decay)
@@ -233,7 +234,7 @@ def add_optimizer(program: Program, optimizer: Optimizer, recipe: Recipe | None 
         _scale_backward_seeds(program, amp_nodes[0])
 
     # 2. Trace the update and copy it into the graph.
-    groups = tuple(optimizer.group_of(g.target) for g in grads)
+    groups = tuple(optimizer.group_of(g.key) for g in grads)
     update = _Update(optimizer, recipe, groups, tuple(keys))
     sources = [placeholders[params[g.key].name] for g in grads]
     sources += [out_values[g.name] for g in grads]

@@ -238,7 +238,8 @@ class _Partitioner:
         if not have.partial and not have.axes():
             return False
         like = self._placeholder(node.meta.get("norm_like"))
-        want = Sharding(have.dims) if like is None else Sharding(self.red.sharding[like].dims)
+        param = self.red.sharding.get(like) if like is not None else None
+        want = Sharding((param if isinstance(param, Sharding) else have).dims)
         local = self.red.to(x, want, node)
         if local is not x:
             order = {n: i for i, n in enumerate(self.graph.nodes)}
@@ -246,13 +247,17 @@ class _Partitioner:
                 if user is not local and order.get(user, -1) > order[node]:
                     user.replace_input_with(x, local)
         scalar = TensorSpec((), self.red.dtype[x])
-        opts = {"like": node, "tensor": scalar, "fake": "none", "name": None}
         with self.rewriter.at(before=node):
             square = self.rewriter.call(
-                aten.mul.Tensor, (local, local), **{**opts, "tensor": x.meta["tensor"]}
+                aten.mul.Tensor, (local, local), like=node, tensor=x.meta["tensor"], fake="none",
+                name=None,
+            )  # fmt: skip
+            total = self.rewriter.call(
+                aten.sum.default, (square,), like=node, tensor=scalar, fake="none", name=None
             )
-            total = self.rewriter.call(aten.sum.default, (square,), **opts)
-            root = self.rewriter.call(aten.sqrt.default, (total,), **opts)
+            root = self.rewriter.call(
+                aten.sqrt.default, (total,), like=node, tensor=scalar, fake="none", name=None
+            )
         node.replace_all_uses_with(root)
         self.graph.erase_node(node)
         for new in (square, total, root):

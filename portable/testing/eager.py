@@ -7,7 +7,8 @@ or, for a training step, the eager loop its recipe stands for (`train_eagerly`):
     for step in range(steps):
         for i in range(accumulate):                              every N-th row of the batch
             with torch.autocast("cpu", dtype=compute):            precision
-                loss = loss_fn(model, *[t[i::accumulate] for t in batch]) / accumulate
+                micro = batch if accumulate == 1 else [t[i::accumulate] for t in batch]
+                loss = loss_fn(model, *micro) / accumulate
             scaler.scale(loss).backward()                        float16: GradScaler
         scaler.unscale_(opt)
         grad_norm = clip_grad_norm_(params, max_norm)            clip_grad_value_ likewise
@@ -22,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -144,7 +145,8 @@ def train_eagerly(
         total = None
         for i in range(accumulate):
             with _autocast(compute), rng.drawing():
-                loss = loss_fn(model, *[t[i::accumulate] for t in batch])
+                micro = batch if accumulate == 1 else [t[i::accumulate] for t in batch]
+                loss = loss_fn(model, *micro)
             loss = loss / accumulate if accumulate > 1 else loss
             (scaler.scale(loss) if scaler else loss).backward()
             total = loss.detach() if total is None else total + loss.detach()
@@ -215,7 +217,7 @@ def _loop_options(recipe: Recipe, program: Program) -> dict[str, Any]:
 def _schedule_lrs(
     optimizer: Optimizer,
     recipe: Recipe,
-    trainable: dict[str, torch.Tensor],
+    trainable: Mapping[str, torch.Tensor],
     eager: torch.optim.Optimizer,
 ) -> Callable[[int], list[float]]:
     """lr_at(t): each torch group's lr from the program's schedule at recipe.start + t."""

@@ -125,9 +125,11 @@ class OptimizerNoise:
         other_after: Mapping[str, torch.Tensor],
     ) -> None:
         """One step of the reference (`before` -> `after`) and of the perturbed run."""
-        grads = {p: _gradient(self, p, before, after) for p in self.params}
-        others = {p: _gradient(self, p, other_before, other_after) for p in self.params}
-        if any(g is None for g in [*grads.values(), *others.values()]):
+        recovered = {p: _gradient(self, p, before, after) for p in self.params}
+        recovered_other = {p: _gradient(self, p, other_before, other_after) for p in self.params}
+        grads = {p: g for p, g in recovered.items() if g is not None}
+        others = {p: g for p, g in recovered_other.items() if g is not None}
+        if len(grads) != len(self.params) or len(others) != len(self.params):
             return  # no gradient recovery for this optimizer: the spread alone is allowed
         delta = _gradient_noise(grads, others, [before[p].dtype for p in self.params])
         self.deltas.append(delta)

@@ -6,6 +6,8 @@ import jax.numpy as jnp
 import torch
 from jax.typing import DTypeLike
 
+from portable.errors import LoweringError
+
 _TO_JAX = {
     torch.float64: jnp.float64,
     torch.float32: jnp.float32,
@@ -26,8 +28,6 @@ def to_jax(dtype: torch.dtype) -> DTypeLike:
     try:
         return _TO_JAX[dtype]
     except KeyError:
-        from portable.errors import LoweringError
-
         raise LoweringError(f"dtype {dtype} has no JAX equivalent", backend="xla") from None
 
 

@@ -122,7 +122,8 @@ def capture(
     `loss_fn(model, *example_inputs, **kwargs)` in train mode; `example_inputs` is then the batch,
     and the recipe (`schedule`: a `portable.schedules` value or the torch lr_scheduler built on
     `optimizer`; `clip_grad_norm`/`clip_grad_value`; `precision`; `accumulate`: micro-batches
-    along dim 0; `remat`: the remat pass's policy; `seed`: dropout's generator) is part of the program (portable/recipe.py).
+    along dim 0; `remat`: the remat pass's policy; `seed`: dropout's generator) is part of the
+    program (portable/recipe.py, docs/training-recipe.md).
     The model itself is left unchanged (mode and buffers are restored).
     """
     if precision is not None and not isinstance(precision, Precision):
@@ -465,11 +466,8 @@ def _drop_inputs(program: Program, targets: tuple[str, ...]) -> None:
             drop.discard(node.name)
     program.graph_module.recompile()
     program.signature = Signature(tuple(i for i in sig.inputs if i.name not in drop), sig.outputs)
-    program.weights = {
-        k: v
-        for k, v in program.weights.items()
-        if k not in targets or any(i.target == k for i in program.signature.inputs)
-    }
+    kept = {i.target for i in program.signature.inputs}
+    program.weights = {k: v for k, v in program.weights.items() if k not in targets or k in kept}
 
 
 def _check_scalar_loss(ep: ExportedProgram) -> None:

@@ -11,10 +11,10 @@ builds the step over the whole batch from N copies of it, in order, as the eager
 so the gradients equal the eager accumulation bit for bit. A micro-batch takes every N-th row
 (not a contiguous chunk) so that under data parallelism, where each rank holds a contiguous block
 of rows, each rank's micro-batch is a slice of its own rows: no communication, and the per-rank
-programs compute the single-device program's micro-batches. Also, a micro-batch's activations die with
-its backward (memory is one micro-batch's), buffers (BatchNorm statistics, the dropout counter)
-advance once per micro-batch, and under a plan the gradient reduction happens once, where the
-optimizer consumes the summed gradient (spmd-partition inserts it there).
+programs compute the single-device program's micro-batches. Also, a micro-batch's activations
+die with its backward (memory is one micro-batch's), buffers (BatchNorm statistics, the dropout
+counter) advance once per micro-batch, and under a plan the gradient reduction happens once,
+where the optimizer consumes the summed gradient (spmd-partition inserts it there).
 """
 
 from __future__ import annotations

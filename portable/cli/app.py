@@ -20,7 +20,7 @@ import traceback
 
 from .. import __version__, limits
 from ..errors import PortableError
-from . import check, inspection, listing, lower, run
+from . import check, data, inspection, listing, lower, run
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 from .interrupts import handling_interrupts
 
@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     check.add_parser(sub, [common])
     listing.add_parsers(sub, [common])
     run.add_parser(sub, [common])
+    data.add_parser(sub, [common])
     return parser
 
 

@@ -15,7 +15,10 @@ __all__ = [
     "ArchiveError",
     "BackendError",
     "CaptureError",
+    "CheckpointError",
+    "DataError",
     "InputError",
+    "JobError",
     "LoweringError",
     "PassError",
     "PlanError",
@@ -101,6 +104,21 @@ class LoweringError(BackendError):
 
 class InputError(PortableError):
     """Run-time inputs do not match the program's signature."""
+
+
+class DataError(InputError):
+    """A training job's data (a token file, a saved dataset, a tokenizer) is missing, short,
+    of the wrong dtype, or holds token ids the model cannot take."""
+
+
+class CheckpointError(PortableError):
+    """A checkpoint is missing, truncated, corrupted, from another program, cannot be held by
+    the plan it is loaded into, or could not be written (the previous complete one is intact)."""
+
+
+class JobError(PortableError):
+    """A training job cannot start, or stopped: a bad job configuration, a health check that
+    fired (non-finite loss, a loss spike), or a drill whose job did not recover."""
 
 
 class ResourceLimitError(PortableError):

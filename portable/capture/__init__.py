@@ -49,7 +49,7 @@ from .sources import restore_sources
 from .tensors import check_tensors
 from .training import add_optimizer
 
-__all__ = ["ModelSpec", "capture", "capture_spec", "portable", "spec_of"]
+__all__ = ["ModelSpec", "capture", "capture_loss", "capture_spec", "portable", "spec_of"]
 
 _WRAPPER_PREFIX = "model."
 
@@ -258,6 +258,51 @@ def _has_scheduler(optimizer: torch.optim.Optimizer) -> bool:
     )
 
 
+class _Loss(torch.nn.Module):
+    """forward(*batch) = loss_fn(model, *batch): a validation loss, without a backward."""
+
+    def __init__(self, model: torch.nn.Module, loss_fn: Callable[..., torch.Tensor]) -> None:
+        super().__init__()
+        self.model = model
+        self.loss_fn = loss_fn
+
+    def forward(self, *batch: Any) -> torch.Tensor:
+        return self.loss_fn(self.model, *batch)
+
+
+def capture_loss(
+    model: torch.nn.Module,
+    batch: tuple[Any, ...],
+    loss_fn: Callable[..., torch.Tensor],
+    *,
+    plan: Plan | None = None,
+    name: str | None = None,
+) -> Program:
+    """The inference program of `loss_fn(model, *batch)` in eval mode (dropout off): what a
+    training job's validation runs. Its state has the training step's weight keys
+    (`blocks.0.attn.qkv.weight`), so it runs on the training state as it is."""
+    args = tuple(batch)
+    check_tensors(model, args, {})
+    name = name or f"{type(model).__name__}.eval_loss"
+    options = {"training": False, "dynamic_shapes": False}
+    loss_fn = as_loss_fn(loss_fn, args, {})
+    try:
+        with quiet_internal_warnings(), _mode(model, training=False):
+            program = _capture_inference(
+                _Loss(model, loss_fn), args, None, None, name, options, _WRAPPER_PREFIX
+            )
+        if plan is not None:
+            plan.validate(program.tensor_shapes())
+            program.plan = plan
+        _verify(program)
+    except CaptureError as exc:
+        explained = explain(exc, model)
+        if explained is exc:
+            raise
+        raise explained from exc
+    return program
+
+
 def capture_spec(
     spec: ModelSpec | Any, *, training: bool = False, model: torch.nn.Module | None = None
 ) -> Program:
@@ -386,18 +431,21 @@ def _capture_inference(
     dynamic_shapes: Any,
     name: str,
     options: dict[str, Any],
+    strip_prefix: str = "",
 ) -> Program:
     ep = _export(model, args, kwargs, dynamic_shapes, "exporting the forward")
-    refuse_autocast(ep.graph_module)
-    ep, tied = _untie(ep, "")
-    _portable_ops(ep, "")
+    refuse_autocast(ep.graph_module, strip_prefix)
+    ep, tied = _untie(ep, strip_prefix)
+    _portable_ops(ep, strip_prefix)
     try:
         with without_error_checks():
             ep = ep.run_decompositions(decompositions(python_only=False))
     except Exception as exc:
         raise diagnose(exc, phase="decomposing to core ATen") from exc
     _normalize(ep.graph_module)
-    program = to_program(ep, ProgramKind.INFERENCE, name=name, options=options)
+    program = to_program(
+        ep, ProgramKind.INFERENCE, name=name, strip_prefix=strip_prefix, options=options
+    )
     program.metadata["tied_weights"] = tied
     return program
 

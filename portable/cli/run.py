@@ -25,10 +25,9 @@ import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..errors import CaptureError, InputError, PlanError
-from ..ir.plan import Mesh, Plan
+from ..errors import CaptureError, InputError
+from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
-from ..ir.spmd import SpmdLayout
 from .exit_codes import EPILOG, ExitCode, OutputConflictError
 from .load_spec import Source, load_plan, resolve, with_plan
 from .progress import Progress
@@ -84,7 +83,7 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
 
 
 def run(args: argparse.Namespace) -> int:
-    from ..distributed.launch import launch, prepare
+    from ..distributed.launch import launch, per_rank_program, prepare
 
     source = resolve(args.spec)
     plan = load_plan(args.plan) if args.plan is not None else _own_plan(source)
@@ -96,7 +95,7 @@ def run(args: argparse.Namespace) -> int:
         with progress.stage("capture", f"capturing {source.name}"):
             program = with_plan(_program(source, training), plan)
         with progress.stage("partition", f"partitioning for {_mesh_text(plan)}"):
-            per_rank = _partition(program)
+            per_rank = per_rank_program(program)
         with progress.stage("save", "saving the per-rank program and global inputs"):
             inputs = _global_inputs(source, program, args.inputs, training)
             run_dir = prepare(per_rank, inputs, Path(tmp) / "run", steps=args.steps)
@@ -143,24 +142,6 @@ def _program(source: Source, training: bool) -> Program:
             fix="pass --inference for an inference archive (and leave it out for a training step)",
         )
     return program
-
-
-def _partition(program: Program) -> Program:
-    from ..errors import RegistryError
-    from ..passes import registry
-
-    try:
-        partition = registry.get("spmd-partition")  # through the registry, as `-p` finds it
-    except RegistryError as exc:
-        raise PlanError(
-            "the spmd-partition pass is not available in this installation",
-            fix="install a portable version with portable.passes.spmd_partition",
-        ) from exc
-    if program.plan.is_single_device:
-        # one process: the program is its own per-rank program
-        mesh = program.plan.mesh or Mesh({})
-        return program.replace(spmd=SpmdLayout.replicated(program.signature, mesh))
-    return partition().apply(program).program
 
 
 def _global_inputs(

@@ -19,15 +19,17 @@ from __future__ import annotations
 import json
 import os
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from .lifetime import die_with_parent
 
-__all__ = ["AGENT_PID_ENV", "main", "read_failures"]
+__all__ = ["AGENT_EVENTS_ENV", "AGENT_PID_ENV", "main", "read_failures"]
 
 AGENT_PID_ENV = "PORTABLE_RUN_AGENT_PID"
+AGENT_EVENTS_ENV = "PORTABLE_AGENT_EVENTS"  # a JSONL file: when the agent restarted the ranks
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -38,6 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from torch.distributed.elastic.multiprocessing.api import SignalException
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
 
+    _record_restarts(os.environ.get(AGENT_EVENTS_ENV))
     try:
         torchrun.run(torchrun.parse_args(torchrun_args))
     except SignalException as exc:  # the launcher ended the job: torchrun stopped the ranks
@@ -49,6 +52,39 @@ def main(argv: Sequence[str] | None = None) -> int:
         tmp.replace(failures_file)
         return 1
     return 0
+
+
+def _record_restarts(path: str | None) -> None:
+    """Append {"detected": t0, "stopped": t1, "started": t2} to `path` each time the elastic
+    agent restarts its worker group: t0 when its monitor found the group failed, t1 when the old
+    ranks were stopped, t2 when the new ones were started (what `portable drill` reports).
+    torch's agent has no public hook for this, so its two steps are wrapped here."""
+    if not path:
+        return
+    from torch.distributed.elastic.agent.server import api
+
+    agent = api.SimpleElasticAgent
+    restart, stop = getattr(agent, "_restart_workers", None), getattr(agent, "_stop_workers", None)
+    if restart is None or stop is None:
+        return  # another torch: the drill reports what the ranks themselves recorded
+    stopped: list[float] = []
+
+    def stop_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = stop(self, *args, **kwargs)
+        stopped.append(time.time())
+        return result
+
+    def restart_workers(self: Any, *args: Any, **kwargs: Any) -> Any:
+        detected = time.time()
+        result = restart(self, *args, **kwargs)
+        doc = {"detected": detected, "stopped": stopped[-1] if stopped else None}
+        doc["started"] = time.time()
+        with open(path, "a") as f:
+            f.write(json.dumps(doc) + "\n")
+        return result
+
+    agent._stop_workers = stop_workers  # type: ignore[method-assign]
+    agent._restart_workers = restart_workers  # type: ignore[method-assign]
 
 
 def _failure(failure: Any) -> dict[str, Any]:

@@ -57,6 +57,7 @@ class Hung:
     beat: Beat | None  # None: it never started beating
     silent_s: float
     state: str | None  # its process state when it was ended (Linux), e.g. "stopped by a signal"
+    at: float = 0.0  # when it was found silent (epoch seconds)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -148,13 +149,18 @@ class Job:
         beats, now = read_beats(self.report), time.time()
         for rank in range(self.nproc):
             beat = beats.get(rank)
-            if rank in self.hung or (beat is not None and _state_letter(beat.pid) in (None, "Z")):
-                continue  # ended already, or its process has exited
+            ended = self.hung.get(rank)
+            if ended is not None and (
+                beat is None or ended.beat is None or ended.beat.pid == beat.pid
+            ):
+                continue  # ended already (a restarted rank beats with a new pid)
+            if beat is not None and _state_letter(beat.pid) in (None, "Z"):
+                continue  # its process has exited
             silent = now - (beat.time if beat is not None else self._started)
             if silent <= (self.timeout_s if beat is not None else self.startup_s):
                 continue
             state = _STATES.get(_state_letter(beat.pid) or "") if beat is not None else None
-            self.hung[rank] = Hung(rank, beat, silent, state)
+            self.hung[rank] = Hung(rank, beat, silent, state, at=now)
             if beat is not None and self._owns(beat.pid):
                 _kill_group(beat.pid, signal.SIGKILL)  # torchrun sees it die, stops the rest
             else:  # it never started: nothing of it to kill but the whole job

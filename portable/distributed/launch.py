@@ -38,7 +38,14 @@ from .agent import read_failures
 from .diagnosis import job_error, read_reports
 from .job import Job
 
-__all__ = ["DEFAULT_TIMEOUT_S", "INPUT_FORMAT", "default_backend", "launch", "prepare"]
+__all__ = [
+    "DEFAULT_TIMEOUT_S",
+    "INPUT_FORMAT",
+    "default_backend",
+    "launch",
+    "per_rank_program",
+    "prepare",
+]
 
 INPUT_FORMAT = "portable-run-input"
 INPUT_FORMAT_VERSION = 1
@@ -56,6 +63,28 @@ SHUTDOWN_S = 3  # torchrun: SIGTERM to SIGKILL when it stops the other ranks of 
 def default_backend() -> str:
     """nccl when CUDA is available, gloo otherwise."""
     return "nccl" if torch.cuda.is_available() else "gloo"
+
+
+def per_rank_program(program: Program) -> Program:
+    """The per-rank program of `program` under its plan: the spmd-partition pass's output (found
+    through the registry, as `-p` finds it), or, for a one-device plan, the program itself with a
+    replicated layout."""
+    from ..errors import PlanError, RegistryError
+    from ..ir.plan import Mesh
+    from ..ir.spmd import SpmdLayout
+    from ..passes import registry
+
+    try:
+        partition = registry.get("spmd-partition")
+    except RegistryError as exc:
+        raise PlanError(
+            "the spmd-partition pass is not available in this installation",
+            fix="install a portable version with portable.passes.spmd_partition",
+        ) from exc
+    if program.plan.is_single_device:
+        mesh = program.plan.mesh or Mesh({})
+        return program.replace(spmd=SpmdLayout.replicated(program.signature, mesh))
+    return partition().apply(program).program
 
 
 def prepare(

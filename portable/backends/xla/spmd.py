@@ -58,6 +58,7 @@ __all__ = [
     "partition_spec",
     "run_spmd",
     "spmd_function",
+    "to_torch",
 ]
 
 
@@ -87,15 +88,17 @@ def partition_spec(sharding: Sharding) -> jax.sharding.PartitionSpec:
     return P(*[(d[0] if len(d) == 1 else tuple(d)) if d else None for d in sharding.dims])
 
 
-def jax_mesh(mesh: Mesh) -> jax.sharding.Mesh:
-    """`jax.sharding.Mesh` over the first mesh.size XLA CPU devices (device k is rank k)."""
+def jax_mesh(mesh: Mesh, devices: Sequence[Any] | None = None) -> jax.sharding.Mesh:
+    """`jax.sharding.Mesh` over the first mesh.size of `devices` (default: the XLA CPU
+    devices); device k is rank k."""
     import jax
     import numpy as np
 
-    devices = jax.devices("cpu")
+    devices = list(devices) if devices is not None else jax.devices("cpu")
     if len(devices) < mesh.size:
+        kind = devices[0].platform.upper() if devices else "CPU"
         raise BackendError(
-            f"the mesh {mesh.to_json()} has {mesh.size} ranks, XLA has {len(devices)} CPU "
+            f"the mesh {mesh.to_json()} has {mesh.size} ranks, XLA has {len(devices)} {kind} "
             "device(s)",
             fix=f"set XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} (or more) "
             "before JAX initialises",
@@ -107,7 +110,9 @@ def jax_mesh(mesh: Mesh) -> jax.sharding.Mesh:
 class _SpmdFunction:
     """The per-rank program as one jitted shard_map over the mesh, on global jax arrays."""
 
-    def __init__(self, program: Program) -> None:
+    def __init__(
+        self, program: Program, platform: str = "xla", devices: Sequence[Any] | None = None
+    ) -> None:
         import jax
 
         from .lowering import abstract_inputs, donated, jax_function
@@ -115,14 +120,14 @@ class _SpmdFunction:
 
         self.program = program
         self.layout = layout = layout_of(program)
-        self.mesh = jax_mesh(layout.mesh)
+        self.mesh = jax_mesh(layout.mesh, devices)
         sharding = jax.sharding.NamedSharding
         self.in_shardings = [sharding(self.mesh, partition_spec(t.sharding)) for t in layout.inputs]
         self.out_shardings = [
             sharding(self.mesh, partition_spec(t.sharding)) for t in layout.outputs
         ]
         body = jax.shard_map(
-            jax_function(program, "xla", NamedAxisCollectives()),
+            jax_function(program, platform, NamedAxisCollectives()),
             mesh=self.mesh,
             in_specs=tuple(partition_spec(t.sharding) for t in layout.inputs),
             out_specs=tuple(partition_spec(t.sharding) for t in layout.outputs),
@@ -153,6 +158,15 @@ class _SpmdFunction:
                 for v, s in zip(values, self.in_shardings, strict=True)
             ]
 
+    def put_one(self, index: int, value: torch.Tensor) -> Any:
+        """The global torch tensor of signature input `index` as a jax array over the mesh."""
+        import jax
+        import jax.numpy as jnp
+
+        with jax.enable_x64(True):
+            array = jnp.from_dlpack(value.detach().contiguous())
+            return jax.device_put(array, self.in_shardings[index], may_alias=False)
+
     def __call__(self, arrays: Sequence[Any]) -> list:
         import jax
 
@@ -175,7 +189,7 @@ class _SpmdFunction:
         return arrays
 
 
-def _to_torch(array: jax.Array) -> torch.Tensor:
+def to_torch(array: jax.Array) -> torch.Tensor:
     """A global jax array -> a torch tensor (gathered on one device, copied)."""
     import jax
 
@@ -190,9 +204,13 @@ class SpmdResult:
     state: dict[str, torch.Tensor]  # weight key -> final global value (training steps)
 
 
-def spmd_function(program: Program) -> _SpmdFunction:
-    """The per-rank program traced, lowered and compiled over its mesh."""
-    return _SpmdFunction(program)
+def spmd_function(
+    program: Program, platform: str = "xla", devices: Sequence[Any] | None = None
+) -> _SpmdFunction:
+    """The per-rank program traced, lowered (with `platform`'s rules: "xla", or "neuron" for the
+    lowering the neuron target writes) and compiled over its mesh of `devices` (default: the XLA
+    CPU devices)."""
+    return _SpmdFunction(program, platform, devices)
 
 
 def run_spmd(program: Program, global_inputs: Sequence[torch.Tensor], steps: int = 1) -> SpmdResult:
@@ -221,13 +239,13 @@ def run_spmd(program: Program, global_inputs: Sequence[torch.Tensor], steps: int
                 losses.append(value)
         if program.kind is ProgramKind.TRAINING_STEP:
             arrays = fn.thread(arrays, outputs)
-    result = [_to_torch(o) for o in outputs]
+    result = [to_torch(o) for o in outputs]
     state = {
         spec.key: value
         for spec, value in zip(sig.outputs, result, strict=True)
         if spec.kind in (OutputKind.UPDATED_PARAMETER, OutputKind.UPDATED_STATE)
     }
-    return SpmdResult(result, [_to_torch(loss) for loss in losses], state)
+    return SpmdResult(result, [to_torch(loss) for loss in losses], state)
 
 
 def _check_global(program: Program, layout: SpmdLayout, values: Sequence[torch.Tensor]) -> None:
@@ -269,4 +287,4 @@ class SpmdExecutable(Executable):
 
 
 def _run_once(fn: _SpmdFunction, flat: Sequence[torch.Tensor]) -> list[torch.Tensor]:
-    return [_to_torch(o) for o in fn(fn.put(flat))]
+    return [to_torch(o) for o in fn(fn.put(flat))]

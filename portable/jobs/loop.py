@@ -1,0 +1,322 @@
+"""The training loop every engine runs: data ahead of the step, the step, health, metrics,
+validation and checkpoints. One call of `run_job` is one process's life in a job (a restart by
+torchrun calls it again, and it resumes from the last complete checkpoint).
+
+Step numbering: step k (1-based) trains on the global batch `Sampler.rows(k - 1 + offset)` and
+a checkpoint `step-<k>` holds the state after k steps. `offset` is 0 unless a health rollback
+skipped batches; it is part of the checkpoint, so a resumed job feeds what the original would.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from ..errors import CheckpointError, JobError
+from .checkpoint import CheckpointStore
+from .data import Prefetcher, Sampler, TokenFile
+from .engine import Engine, make_engine
+from .fault import maybe_fire
+from .health import Health
+from .prepare import JobFiles, read_job
+from .run_files import RunFiles
+
+__all__ = ["run_job"]
+
+Beat = Callable[..., None]
+
+
+def run_job(run: Path, *, restart: int, started: float, at: Beat) -> None:
+    """This process's part of the job in RUN (see the module docstring)."""
+    files = read_job(run)
+    config = files.config
+    at("init")
+    engine = make_engine(files, timeout_s=config.timeout_s)
+    try:
+        _Job(run, files, engine, restart=restart, started=started, at=at).run()
+    finally:
+        engine.close()
+
+
+class _Job:
+    def __init__(
+        self,
+        run: Path,
+        files: JobFiles,
+        engine: Engine,
+        *,
+        restart: int,
+        started: float,
+        at: Beat,
+    ) -> None:
+        self.run_dir, self.files, self.engine, self.at = run, files, engine, at
+        self.config = config = files.config
+        self.doc = files.doc
+        self.restart = restart
+        self.lead = engine.rank == 0
+        self.out = RunFiles(run, rank=engine.rank, lead=self.lead, epoch=float(self.doc["epoch"]))
+        self.out.event("start", restart=restart, process_start=started, compile_s=engine.compile_s)
+        self.store = CheckpointStore(run / "checkpoints", keep=config.keep)
+        tokens = TokenFile.open(config.data, dtype=config.data_dtype)
+        self.batch, self.seq = int(self.doc["batch"]), int(self.doc["seq"])
+        self.sampler = Sampler(tokens, batch=self.batch, seq=self.seq, seed=config.seed)
+        self.eval_sampler = None
+        if config.eval_data is not None:
+            eval_tokens = TokenFile.open(config.eval_data, dtype=config.data_dtype)
+            self.eval_sampler = Sampler(eval_tokens, batch=self.batch, seq=self.seq, seed=0)
+        self.health = Health(config.health)
+        self.offset = 0
+        self.pending: Any = None
+        self.rows = engine.rows(self.batch)
+
+    # ------------------------------------------------------------------ the job
+
+    def run(self) -> None:
+        start = self._resume()
+        steps = self.config.steps
+        if start >= steps:
+            self.out.event("done", step=start, note="nothing to do: the checkpoint is final")
+            self._finish(start)
+            return
+        from .trace import StepTracer
+
+        tracer = StepTracer(self.run_dir / "traces", self.engine.rank, self.config.trace_steps)
+        self.out.open_metrics(resume_after=start)
+        self.out.progress(steps, start)
+        step = start
+        prefetcher = self._prefetcher(step)
+        try:
+            while step < steps:
+                k = step + 1
+                maybe_fire(self.engine.rank, k, self.restart, self.run_dir)
+                self.at("step", k, steps)
+                data_step, (idx, targets), wait_s = prefetcher.next()
+                snapshot = self.engine.snapshot() if self.health.needs_snapshot else None
+                with tracer.step(k):
+                    t0 = time.perf_counter()
+                    out = self.engine.step(idx, targets)
+                    step_s = time.perf_counter() - t0
+                comm_s, exposed_s = self.engine.comm.step_totals()
+                verdict = self.health.check(k, out.loss, out.metrics)
+                self.out.step(
+                    k,
+                    out,
+                    step_s,
+                    wait_s,
+                    comm_s,
+                    exposed_s,
+                    self._tokens_per_step,
+                    self._flops,
+                    self.engine,
+                )
+                if verdict is not None:
+                    action = self._unhealthy(k, verdict, snapshot)
+                    if action == "rollback":
+                        prefetcher.close()
+                        step = self.checkpointed
+                        prefetcher = self._prefetcher(step)
+                        continue
+                if self._eval_due(k):
+                    self._evaluate(k)
+                if self._checkpoint_due(k):
+                    self._checkpoint(k)
+                step = k
+        finally:
+            prefetcher.close()
+            tracer.close()
+        self._finish(steps)
+
+    # ------------------------------------------------------------------ resume
+
+    def _resume(self) -> int:
+        """The step to start from: the latest complete checkpoint's, or 0."""
+        self.checkpointed = 0
+        candidate = None
+        if self.config.resume or self.restart > 0:
+            candidate = self.store.latest()
+            for path, why in self.store.skipped:
+                self.out.event("checkpoint_skipped", path=str(path), reason=why)
+        source = self.doc.get("resume_from")
+        if candidate is None and source:
+            candidate = CheckpointStore(Path(source).parent).verify(source)
+        if candidate is None:
+            if self.config.init_from:
+                self._init_from_hf()
+            return 0
+        self._check_identity(candidate)
+        t0 = time.perf_counter()
+        self.engine.load_state(lambda targets: self.store.load(candidate, targets))
+        reload_s = time.perf_counter() - t0
+        next_data = self.sampler.check_cursor(candidate.meta["cursor"])
+        self.offset = next_data - candidate.step
+        self.checkpointed = candidate.step
+        self.out.event(
+            "resume",
+            step=candidate.step,
+            path=str(candidate.path),
+            reload_s=reload_s,
+            restart=self.restart,
+            engine=self.config.engine,
+        )
+        return candidate.step
+
+    def _check_identity(self, checkpoint: Any) -> None:
+        theirs = checkpoint.meta.get("identity", {}).get("structure_hash")
+        ours = self.doc["identity"]["structure_hash"]
+        if theirs != ours:
+            raise CheckpointError(
+                f"{checkpoint.path} is a checkpoint of another program "
+                f"({checkpoint.meta.get('identity', {}).get('name')!r}, structure "
+                f"{str(theirs)[:12]}), not of {self.doc['identity']['name']} "
+                f"(structure {ours[:12]})",
+                fix="resume with the SPEC (and recipe) that wrote it, or start a new --out",
+            )
+
+    def _init_from_hf(self) -> None:
+        from .hf_init import HfTensor, read_hf_checkpoint
+
+        program = self.files.per_rank
+        wanted = {
+            s.key: HfTensor(tuple(int(d) for d in s.spec.shape), s.spec.dtype, ())
+            for s in program.signature.state_inputs
+            if s.kind.value in ("parameter", "buffer")
+        }
+        layout = program.spmd
+        assert layout is not None
+        for s in program.signature.state_inputs:
+            if s.key in wanted:
+                shape = tuple(int(d) for d in layout.input(s.name).global_shape)
+                wanted[s.key] = HfTensor(shape, s.spec.dtype, tuple(slice(0, n) for n in shape))
+        aliases = {v: k for k, v in program.metadata.get("tied_weights", {}).items()}
+        t0 = time.perf_counter()
+        values = read_hf_checkpoint(self.config.init_from or "", wanted, aliases=aliases)
+        self.engine.set_global_state(values)
+        self.out.event(
+            "init_from",
+            path=self.config.init_from,
+            tensors=len(values),
+            seconds=time.perf_counter() - t0,
+        )
+
+    # ------------------------------------------------------------------ per step
+
+    def _prefetcher(self, step: int) -> Prefetcher:
+        rows = self.rows or (0, self.batch)
+        offset = self.offset
+
+        def load(k: int) -> tuple[int, Any]:
+            data_step = k + offset
+            return data_step, self.sampler.rows(data_step, *rows)
+
+        inner = Prefetcher(load, step, self.config.steps, depth=self.config.prefetch)
+        return _Unpack(inner)
+
+    @property
+    def _tokens_per_step(self) -> int:
+        return self.batch * self.seq
+
+    @property
+    def _flops(self) -> float | None:
+        value = self.doc.get("flops_per_step")
+        return float(value) if isinstance(value, int | float) else None
+
+    def _unhealthy(self, k: int, verdict: str, snapshot: Any) -> str:
+        action = self.health.action(verdict)
+        self.out.event("health", step=k, problem=verdict, action=action)
+        if action == "stop":
+            raise JobError(
+                f"step {k}: {verdict}; the job stopped (health action `stop`)",
+                fix="lower the lr, clip gradients (clip_grad_norm), or pass --on-nonfinite "
+                "skip|rollback to carry on",
+            )
+        if action == "skip":
+            self.engine.restore(snapshot)
+            return action
+        if self.health.rollbacks > self.config.health.max_rollbacks:
+            raise JobError(
+                f"step {k}: {verdict} after {self.config.health.max_rollbacks} rollbacks",
+                fix="the run diverges from its checkpoints too: lower the lr or fix the data",
+            )
+        latest = self.store.latest()
+        if latest is None:
+            raise JobError(
+                f"step {k}: {verdict}, and there is no checkpoint to roll back to",
+                fix="pass --ckpt-every K so a rollback has somewhere to go",
+            )
+        self._wait_pending()
+        self.engine.load_state(lambda targets: self.store.load(latest, targets))
+        # skip the batches from the checkpoint up to the one that failed
+        self.offset = k + self.offset - latest.step
+        self.checkpointed = latest.step
+        self.out.event("rollback", step=k, to=latest.step, offset=self.offset)
+        return action
+
+    def _eval_due(self, k: int) -> bool:
+        every = self.config.eval_every_steps
+        return every is not None and (k % every == 0 or k == self.config.steps)
+
+    def _evaluate(self, k: int) -> None:
+        assert self.eval_sampler is not None
+        rows = self.rows or (0, self.batch)
+        t0 = time.perf_counter()
+        losses = []
+        for i in range(self.config.eval_batches):
+            idx, targets = self.eval_sampler.rows(i, *rows)
+            losses.append(self.engine.eval_loss(idx, targets))
+        loss = sum(losses) / len(losses)
+        self.out.eval(k, loss, k * self._tokens_per_step, time.perf_counter() - t0)
+
+    def _checkpoint_due(self, k: int) -> bool:
+        every = self.config.ckpt_every
+        return k == self.config.steps or (every is not None and k % every == 0)
+
+    def _checkpoint(self, k: int) -> None:
+        self._wait_pending()
+        meta = {
+            "identity": self.doc["identity"],
+            "plan": self.doc["plan"],
+            "engine": self.config.engine,
+            "world": self.doc["world"],
+            "cursor": self.sampler.cursor(k + self.offset),
+            "offset": self.offset,
+            "recipe": self.files.per_rank.metadata.get("recipe"),
+            "losses_tail": self.out.recent_losses(),
+        }
+        t0 = time.perf_counter()
+        self.at("checkpoint", k, self.config.steps)
+        state = self.engine.checkpoint_state()
+        self.pending = self.store.save(k, state, meta, async_=self.config.ckpt_async)
+        stall_s = time.perf_counter() - t0
+        if not self.config.ckpt_async:
+            self.pending.wait()
+            self.pending = None
+        self.checkpointed = k
+        self.out.event("checkpoint", step=k, stall_s=stall_s, async_=self.config.ckpt_async)
+
+    def _wait_pending(self) -> None:
+        if self.pending is not None:
+            t0 = time.perf_counter()
+            self.pending.wait()
+            self.out.event("checkpoint_committed", waited_s=time.perf_counter() - t0)
+            self.pending = None
+
+    def _finish(self, steps: int) -> None:
+        self._wait_pending()
+        self.engine.barrier()
+        self.out.finish(steps, self.config, self.engine, self._tokens_per_step)
+
+
+class _Unpack:
+    """A Prefetcher of (data_step, batch) seen as (data_step, batch, wait_s)."""
+
+    def __init__(self, inner: Prefetcher) -> None:
+        self.inner = inner
+
+    def next(self) -> tuple[int, Any, float]:
+        _, (data_step, batch), wait_s = self.inner.next()
+        return data_step, batch, wait_s
+
+    def close(self) -> None:
+        self.inner.close()

@@ -1,0 +1,155 @@
+"""The `xla` and `neuron` engines: one JAX controller running the per-rank program over the
+host's devices under `shard_map` (portable/backends/xla/spmd.py).
+
+The state lives on the devices from step to step as global jax arrays laid out by the plan
+(updated outputs replace the inputs they alias, donated); only each step's batch is put, and only
+the loss and metrics come back. Checkpoints see the state as whole tensors (one writer), which
+DCP reshards into any plan's DTensors on load.
+
+`neuron`: the same controller with the lowering rules of the `neuron` target (platform
+"neuron": the HLO `portable lower --target neuron:trn3` writes) over the devices of the Neuron
+PJRT plugin (jax-neuronx on a Trn host). Where that plugin is absent the engine stops with a
+BackendError naming the boundary, unless PORTABLE_NEURON_STAND_IN=cpu, which runs the same neuron
+lowering on XLA:CPU devices: how this path is tested off Trainium.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+
+from ..errors import BackendError
+from ..ir.signature import InputKind, OutputKind
+from .checkpoint import checkpoint_key
+from .comm_stats import CommStats
+from .engine import StepOut
+from .prepare import JobFiles
+
+__all__ = ["NEURON_STAND_IN", "XlaEngine"]
+
+NEURON_STAND_IN = "PORTABLE_NEURON_STAND_IN"
+
+
+def _devices(platform: str) -> list[Any]:
+    import jax
+
+    cache = os.environ.get("PORTABLE_JAX_CACHE")
+    if cache:  # a restarted job compiles from the cache the first start filled
+        jax.config.update("jax_compilation_cache_dir", cache)
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+
+    if platform == "xla":
+        return jax.devices("cpu")
+    try:
+        return jax.devices("neuron")
+    except RuntimeError as exc:
+        if os.environ.get(NEURON_STAND_IN) == "cpu":
+            return jax.devices("cpu")
+        raise BackendError(
+            "the neuron engine needs the Neuron PJRT plugin (jax-neuronx with libneuronxla on a "
+            f"Trn host); JAX here has no neuron devices ({str(exc).splitlines()[0]})",
+            fix="run on a trn1/trn2/trn3 host with the Neuron SDK's jax-neuronx installed; off "
+            f"Trainium, {NEURON_STAND_IN}=cpu runs the same neuron lowering on XLA:CPU",
+        ) from exc
+
+
+class XlaEngine:
+    """One controller over the mesh's devices (see the module docstring)."""
+
+    rank = 0
+    world = 1
+
+    def __init__(self, files: JobFiles, *, platform: str) -> None:
+        from ..backends.xla.spmd import spmd_function
+
+        devices = _devices(platform)
+        self.device_kind = "cpu" if devices[0].platform == "cpu" else devices[0].platform
+        program = files.per_rank
+        self.program = program
+        self.comm = CommStats()  # XLA schedules the collectives inside the step
+        start = time.perf_counter()
+        self.fn = spmd_function(program, platform, devices)
+        self.eval_fn = None
+        if files.eval_per_rank is not None:
+            self.eval_fn = spmd_function(files.eval_per_rank, platform, devices)
+        self.compile_s = time.perf_counter() - start
+        self.devices = self.fn.layout.mesh.size
+        sig = program.signature
+        self._index = {s.name: k for k, s in enumerate(sig.inputs)}
+        self._keys = {s.key: s.name for s in sig.state_inputs}
+        self._users = [self._index[u.name] for u in sig.user_inputs]
+        self._arrays: list[Any] = [None] * len(sig.inputs)
+        for spec in sig.state_inputs:
+            k = self._index[spec.name]
+            self._arrays[k] = self.fn.put_one(k, program.weights[spec.key])
+        self._loss = [i for i, o in enumerate(sig.outputs) if o.kind is OutputKind.LOSS][0]
+        self._metrics = {
+            o.name: i for i, o in enumerate(sig.outputs) if o.kind is OutputKind.METRIC
+        }
+
+    def rows(self, batch: int) -> tuple[int, int] | None:
+        return (0, batch)  # the controller feeds the whole global batch
+
+    def step(self, idx: torch.Tensor, targets: torch.Tensor) -> StepOut:
+        for k, value in zip(self._users, (idx, targets), strict=True):
+            self._arrays[k] = self.fn.put_one(k, value)
+        outputs = self.fn(self._arrays)
+        loss = float(outputs[self._loss])  # waits for the step
+        metrics = {name: float(outputs[i]) for name, i in self._metrics.items()}
+        self._arrays = self.fn.thread(self._arrays, outputs)
+        return StepOut(loss, metrics)
+
+    def eval_loss(self, idx: torch.Tensor, targets: torch.Tensor) -> float:
+        if self.eval_fn is None:
+            raise BackendError("this job has no validation program", fix="pass --eval-data")
+        sig = self.eval_fn.program.signature
+        arrays = []
+        batch = iter((idx, targets))
+        for k, spec in enumerate(sig.inputs):
+            if spec.kind is InputKind.USER_INPUT:
+                arrays.append(self.eval_fn.put_one(k, next(batch)))
+            else:
+                arrays.append(self._arrays[self._index[self._keys[spec.key]]])
+        (loss,) = [
+            v
+            for v, o in zip(self.eval_fn(arrays), sig.outputs, strict=True)
+            if o.kind is OutputKind.OUTPUT
+        ]
+        return float(loss)
+
+    def checkpoint_state(self) -> dict[str, torch.Tensor]:
+        from ..backends.xla.spmd import to_torch
+
+        return {
+            checkpoint_key(key): to_torch(self._arrays[self._index[name]])
+            for key, name in self._keys.items()
+        }
+
+    def load_state(self, load: Any) -> None:
+        targets = {k: torch.zeros_like(v) for k, v in self.checkpoint_state().items()}
+        load(targets)
+        for key, name in self._keys.items():
+            k = self._index[name]
+            self._arrays[k] = self.fn.put_one(k, targets[checkpoint_key(key)])
+
+    def set_global_state(self, values: Mapping[str, torch.Tensor]) -> None:
+        for key, value in values.items():
+            k = self._index[self._keys[key]]
+            dtype = self.program.signature.inputs[k].spec.dtype
+            self._arrays[k] = self.fn.put_one(k, value.to(dtype))
+
+    def snapshot(self) -> dict[str, torch.Tensor]:
+        return self.checkpoint_state()
+
+    def restore(self, snapshot: dict[str, torch.Tensor]) -> None:
+        self.load_state(lambda targets: [t.copy_(snapshot[k]) for k, t in targets.items()])
+
+    def barrier(self) -> None:
+        pass
+
+    def close(self) -> None:
+        pass

@@ -37,8 +37,8 @@ from .checkpoint import CheckpointStore, checkpoint_key
 from .config import JobConfig
 from .fault import FAULT_ENV, Fault
 from .launch import _check_out, _epoch, _resume_source, launch_job, read_result
-from .records import read_records
 from .prepare import Prepared, prepare_job, write_job
+from .records import read_records
 
 __all__ = ["drill"]
 

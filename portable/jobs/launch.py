@@ -23,8 +23,8 @@ from ..errors import CheckpointError, JobError
 from ..safe_json import read_json
 from .checkpoint import CheckpointStore
 from .config import JobConfig
-from .records import read_records
 from .prepare import JOB_DIR, Prepared, prepare_job, write_job
+from .records import read_records
 
 __all__ = ["TrainResult", "launch_job", "train"]
 
@@ -167,7 +167,10 @@ def _command(run: Path, report: Path, processes: int, config: JobConfig) -> list
     torchrun = [
         *("--nnodes", "1", "--nproc-per-node", str(processes)),
         *("--max-restarts", str(config.max_restarts)),
-        *("--master-addr", "127.0.0.1", "--master-port", str(free_port())),
+        # c10d rendezvous: each restart is a fresh round (the static one reuses the first
+        # attempt's store keys, so a restarted group would try to reach the dead ranks)
+        *("--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{free_port()}"),
+        *("--rdzv-id", f"portable-{os.getpid()}-{time.time_ns()}"),
         *("--shutdown-timeout", str(SHUTDOWN_S), "--log-dir", str(report / "torchrun")),
         *("--monitor-interval", "0.1"),
     ]

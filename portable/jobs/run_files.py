@@ -27,8 +27,8 @@ import torch
 from .config import JobConfig
 from .engine import Engine, StepOut
 from .metrics import MetricsLog, ProgressBar
-from .records import read_records
 from .peaks import detect_device, device_peak, measure_cpu_peak, mfu
+from .records import read_records
 
 __all__ = ["RunFiles"]
 

@@ -56,9 +56,7 @@ class TorchEngine:
             backend = "nccl"
         timeout = datetime.timedelta(seconds=timeout_s)
         with collective("joining the process group", timeout):
-            dist.init_process_group(
-                backend, timeout=timeout, device_id=self.device if backend == "nccl" else None
-            )
+            _init_process_group(backend, timeout, self.device if backend == "nccl" else None)
         self.rank, self.world = dist.get_rank(), dist.get_world_size()
         program.plan.check_world_size(self.world, "torchrun (WORLD_SIZE)")
         self.devices = self.world
@@ -175,6 +173,20 @@ class TorchEngine:
         if self.device_kind == "cuda":
             return portable.compile(local_program, backend="cuda")
         return portable.compile(local_program, backend="cpu")
+
+
+def _init_process_group(
+    backend: str, timeout: datetime.timedelta, device: torch.device | None
+) -> None:
+    """`init_process_group` from torchrun's environment, every key of this attempt's groups
+    under a prefix of its own: torchrun's agent keeps its store across restarts, and a
+    restarted rank must not read the addresses the ranks of the failed attempt published."""
+    store, rank, world = next(dist.rendezvous("env://", timeout=timeout))
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    prefixed = dist.PrefixStore(f"portable/attempt-{attempt}/", store)
+    dist.init_process_group(
+        backend, store=prefixed, rank=rank, world_size=world, timeout=timeout, device_id=device
+    )
 
 
 def _zeros_like(value: torch.Tensor) -> torch.Tensor:

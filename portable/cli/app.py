@@ -20,7 +20,7 @@ import traceback
 
 from .. import __version__, limits
 from ..errors import PortableError
-from . import check, data, inspection, listing, lower, report, run
+from . import check, data, inspection, listing, lower, report, run, train
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 from .interrupts import handling_interrupts
 
@@ -59,6 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     listing.add_parsers(sub, [common])
     run.add_parser(sub, [common])
     data.add_parser(sub, [common])
+    train.add_parsers(sub, [common])
     report.add_parser(sub, [common])
     return parser
 

@@ -14,6 +14,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from ..errors import JobError
+from ..jobs import drill, launch
+from ..jobs.config import HealthPolicy, JobConfig
+from ..jobs.fault import parse_fault
 from .exit_codes import EPILOG, ExitCode
 
 __all__ = ["add_parsers", "config_from_args"]
@@ -92,8 +96,6 @@ def _job_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace, **changes: Any) -> Any:
-    from ..errors import JobError
-    from ..jobs.config import HealthPolicy, JobConfig
 
     try:
         trace = tuple(int(s) for s in args.trace_steps.split(",") if s.strip())
@@ -135,9 +137,7 @@ def config_from_args(args: argparse.Namespace, **changes: Any) -> Any:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    from ..jobs.launch import train
-
-    result = train(config_from_args(args), quiet=args.quiet or args.json)
+    result = launch.train(config_from_args(args), quiet=args.quiet or args.json)
     summary = result.summary
     if args.json:
         print(json.dumps({"status": "ok", "exit_code": 0, "run": str(result.run), **summary}))
@@ -152,11 +152,8 @@ def run_train(args: argparse.Namespace) -> int:
 
 
 def run_drill(args: argparse.Namespace) -> int:
-    from ..jobs.drill import drill
-    from ..jobs.fault import parse_fault
-
     fault = parse_fault(args.kill, args.signal)
-    report = drill(config_from_args(args), fault, baseline=args.baseline, quiet=True)
+    report = drill.drill(config_from_args(args), fault, baseline=args.baseline, quiet=True)
     if args.json:
         print(json.dumps({"status": "ok", "exit_code": 0, **report}))
         return ExitCode.OK

@@ -32,8 +32,11 @@ from typing import Any
 import safetensors.torch
 import torch
 
-from ..errors import InputError
+from ..errors import InputError, PlanError, RegistryError
+from ..ir.plan import Mesh
 from ..ir.program import Program
+from ..ir.spmd import SpmdLayout
+from ..passes import registry
 from .agent import read_failures
 from .diagnosis import job_error, read_reports
 from .job import Job
@@ -69,10 +72,6 @@ def per_rank_program(program: Program) -> Program:
     """The per-rank program of `program` under its plan: the spmd-partition pass's output (found
     through the registry, as `-p` finds it), or, for a one-device plan, the program itself with a
     replicated layout."""
-    from ..errors import PlanError, RegistryError
-    from ..ir.plan import Mesh
-    from ..ir.spmd import SpmdLayout
-    from ..passes import registry
 
     try:
         partition = registry.get("spmd-partition")

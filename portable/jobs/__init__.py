@@ -13,48 +13,38 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..capture import spec_of
+from ..cli.load_spec import Source
+from . import drill as _drill
+from . import launch as _launch
 from .config import HealthPolicy, JobConfig
+from .fault import parse_fault
+from .launch import TrainResult
 
 __all__ = ["HealthPolicy", "JobConfig", "TrainResult", "drill", "train"]
 
 
-def train(spec: Any, **fields: Any) -> Any:
+def train(spec: Any, **fields: Any) -> TrainResult:
     """Run a training job (JobConfig's fields as keywords; `quiet=False` shows its output);
     returns a `TrainResult` (RUN's summary, metrics and events)."""
-    from .launch import train as run
-
     quiet = fields.pop("quiet", True)
     config, source = _config(spec, fields)
-    return run(config, quiet=quiet, source=source)
+    return _launch.train(config, quiet=quiet, source=source)
 
 
 def drill(spec: Any, *, kill: str, signal: str = "KILL", **fields: Any) -> dict[str, Any]:
     """Run a failure drill (`kill="RANK@STEP"`, `signal` KILL or STOP); returns drill.json."""
-    from .drill import drill as run
-    from .fault import parse_fault
-
     quiet = fields.pop("quiet", True)
     baseline = fields.pop("baseline", None)
     config, source = _config(spec, fields)
     if source is not None:
         raise TypeError("drill takes SPEC as text (file.py:Name): its baseline re-captures it")
-    return run(config, parse_fault(kill, signal), baseline=baseline, quiet=quiet)
+    return _drill.drill(config, parse_fault(kill, signal), baseline=baseline, quiet=quiet)
 
 
-def __getattr__(name: str) -> Any:
-    if name == "TrainResult":
-        from .launch import TrainResult
-
-        return TrainResult
-    raise AttributeError(name)
-
-
-def _config(spec: Any, fields: dict[str, Any]) -> tuple[JobConfig, Any]:
+def _config(spec: Any, fields: dict[str, Any]) -> tuple[JobConfig, Source | None]:
     if isinstance(spec, str):
         return JobConfig(spec=spec, **fields), None
-    from ..capture import spec_of
-    from ..cli.load_spec import Source
-
     model_spec = spec_of(spec) if spec_of(spec) is not None else spec
     source = Source(getattr(model_spec, "name", "model"), spec=model_spec)
     return JobConfig(spec=source.text, **fields), source

@@ -11,7 +11,7 @@ An engine runs the backend's own executable of the per-rank program on one fleet
 The loop is the same for all of them: it hands an engine each step's batch (global rows
 `rows()`), reads the step's loss and metrics, and moves the state in and out of checkpoints as
 tensors keyed by checkpoint key (`checkpoint.checkpoint_key`): DTensors of this rank's shards on
-torch.distributed, whole tensors under one controller.
+torch.distributed, whole tensors under one controller. `loop.make_engine` picks the engine.
 """
 
 from __future__ import annotations
@@ -22,10 +22,7 @@ from typing import Any, Protocol
 
 import torch
 
-from ..errors import JobError
-from .prepare import JobFiles
-
-__all__ = ["Engine", "StepOut", "make_engine"]
+__all__ = ["Engine", "StepOut"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -73,17 +70,3 @@ class Engine(Protocol):
     def barrier(self) -> None: ...
 
     def close(self) -> None: ...
-
-
-def make_engine(files: JobFiles, *, timeout_s: float) -> Engine:
-    """The engine `files.config.engine` names, started on this process."""
-    engine = files.config.engine
-    if engine in ("cpu", "cuda"):
-        from .torch_engine import TorchEngine
-
-        return TorchEngine(files, device_type=engine, timeout_s=timeout_s)
-    if engine in ("xla", "neuron"):
-        from .xla_engine import XlaEngine
-
-        return XlaEngine(files, platform=engine)
-    raise JobError(f"unknown engine {engine!r}")

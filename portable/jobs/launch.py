@@ -19,6 +19,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ..distributed.agent import AGENT_EVENTS_ENV, read_failures
+from ..distributed.diagnosis import job_error, read_reports
+from ..distributed.job import Job
+from ..distributed.launch import free_port
 from ..errors import CheckpointError, JobError
 from ..safe_json import read_json
 from .checkpoint import CheckpointStore
@@ -66,9 +70,6 @@ def launch_job(
     env: Mapping[str, str] | None = None,
 ) -> TrainResult:
     """Run the job written in RUN/.job under torchrun; raise the rank's error if it failed."""
-    from ..distributed.agent import read_failures
-    from ..distributed.diagnosis import job_error, read_reports
-    from ..distributed.job import Job
 
     config = prepared.config
     processes = 1 if config.engine in ("xla", "neuron") else config.nproc
@@ -161,7 +162,6 @@ def _epoch(run: Path, config: JobConfig) -> float:
 
 
 def _command(run: Path, report: Path, processes: int, config: JobConfig) -> list[str]:
-    from ..distributed.launch import free_port
 
     agent = [sys.executable, "-m", "portable.distributed.agent", str(report / "failures.json")]
     torchrun = [
@@ -182,7 +182,6 @@ def _command(run: Path, report: Path, processes: int, config: JobConfig) -> list
 def _environment(
     run: Path, prepared: Prepared, report: Path, extra: Mapping[str, str] | None
 ) -> dict[str, str]:
-    from ..distributed.agent import AGENT_EVENTS_ENV
 
     env = {**os.environ, "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1")}
     cache = run / ".cache"

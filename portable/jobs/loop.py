@@ -15,15 +15,20 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import CheckpointError, JobError
+from ..recipe import recipe_of
 from .checkpoint import CheckpointStore
 from .data import Prefetcher, Sampler, TokenFile
-from .engine import Engine, make_engine
+from .engine import Engine
 from .fault import maybe_fire
 from .health import Health
+from .hf_init import HfTensor, read_hf_checkpoint
 from .prepare import JobFiles, read_job
 from .run_files import RunFiles
+from .torch_engine import TorchEngine
+from .trace import StepTracer
+from .xla_engine import XlaEngine
 
-__all__ = ["run_job"]
+__all__ = ["make_engine", "run_job"]
 
 Beat = Callable[..., None]
 
@@ -38,6 +43,15 @@ def run_job(run: Path, *, restart: int, started: float, at: Beat) -> None:
         _Job(run, files, engine, restart=restart, started=started, at=at).run()
     finally:
         engine.close()
+
+
+def make_engine(files: JobFiles, *, timeout_s: float) -> Engine:
+    """The engine `files.config.engine` names, started on this process."""
+    engine = files.config.engine
+    if engine in ("cpu", "cuda"):
+        return TorchEngine(files, device_type=engine, timeout_s=timeout_s)
+
+    return XlaEngine(files, platform=engine)
 
 
 class _Job:
@@ -56,7 +70,10 @@ class _Job:
         self.doc = files.doc
         self.restart = restart
         self.lead = engine.rank == 0
-        self.out = RunFiles(run, rank=engine.rank, lead=self.lead, epoch=float(self.doc["epoch"]))
+        compute = recipe_of(files.per_rank.metadata).precision.compute_dtype
+        self.out = RunFiles(
+            run, rank=engine.rank, lead=self.lead, epoch=float(self.doc["epoch"]), compute=compute
+        )
         self.out.event("start", restart=restart, process_start=started, compile_s=engine.compile_s)
         self.store = CheckpointStore(run / "checkpoints", keep=config.keep)
         tokens = TokenFile.open(config.data, dtype=config.data_dtype)
@@ -80,7 +97,6 @@ class _Job:
             self.out.event("done", step=start, note="nothing to do: the checkpoint is final")
             self._finish(start)
             return
-        from .trace import StepTracer
 
         tracer = StepTracer(self.run_dir / "traces", self.engine.rank, self.config.trace_steps)
         self.out.open_metrics(resume_after=start)
@@ -175,7 +191,6 @@ class _Job:
             )
 
     def _init_from_hf(self) -> None:
-        from .hf_init import HfTensor, read_hf_checkpoint
 
         program = self.files.per_rank
         wanted = {

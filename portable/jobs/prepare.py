@@ -24,14 +24,20 @@ from typing import Any
 
 import torch
 
+from ..archive import load
 from ..atomic_dir import staging
 from ..capture import capture, capture_loss
+from ..cli.load_spec import load_plan, resolve
+from ..distributed.launch import per_rank_program
 from ..errors import CaptureError, JobError
+from ..ir.content_hash import structure_bytes
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
+from ..optim import AdamW
 from ..safe_json import read_json
 from .config import JobConfig
 from .data import Sampler, TokenFile, check_vocab
+from .flops import program_flops
 
 __all__ = ["JOB_DIR", "JOB_FORMAT", "JobFiles", "Prepared", "prepare_job", "read_job"]
 
@@ -76,7 +82,6 @@ class JobFiles:
 
 def program_identity(program: Program) -> dict[str, str]:
     """name and structure hash (no plan, no weights) of a training step."""
-    from ..ir.content_hash import structure_bytes
 
     bare = program.replace(plan=Plan(), spmd=None)
     return {
@@ -88,8 +93,6 @@ def program_identity(program: Program) -> dict[str, str]:
 def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
     """Resolve (or take `source`: a `cli.load_spec.Source`), capture and partition (nothing is
     written; every failure is typed)."""
-    from ..cli.load_spec import load_plan, resolve
-    from ..distributed.launch import per_rank_program
 
     source = resolve(config.spec) if source is None else source
     tokens = TokenFile.open(config.data, dtype=config.data_dtype)
@@ -105,7 +108,6 @@ def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
         example = sampler.batch(0)  # a real batch: the program is captured on the job's data
         model = spec.build()
         recipe = {"seed": config.seed, **spec.recipe}
-        from ..optim import AdamW
 
         program = capture(
             model,
@@ -175,7 +177,6 @@ def write_job(prepared: Prepared, run: Path, extra: Mapping[str, Any] | None = N
 
 def read_job(run: Path) -> JobFiles:
     """RUN/.job as written by `write_job` (JobError when it is not one)."""
-    from ..archive import load
 
     folder = run / JOB_DIR
     doc = read_json(folder / "job.json", JobError, fix="start the job with portable train")
@@ -281,7 +282,6 @@ def _check_same_state_layout(train: Program, evaluation: Program) -> None:
 
 def _flops(program: Program) -> int | None:
     """Model FLOPs of one step of the global program (None when they cannot be counted)."""
-    from .flops import program_flops
 
     try:
         return int(program_flops(program).total)

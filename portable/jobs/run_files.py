@@ -34,8 +34,11 @@ __all__ = ["RunFiles"]
 
 
 class RunFiles:
-    def __init__(self, run: Path, *, rank: int, lead: bool, epoch: float) -> None:
+    def __init__(
+        self, run: Path, *, rank: int, lead: bool, epoch: float, compute: torch.dtype
+    ) -> None:
         self.run, self.rank, self.lead, self.epoch = run, rank, lead, epoch
+        self.compute = compute  # the number format MFU is measured against
         self.metrics: MetricsLog | None = None
         self.bar: ProgressBar | None = None
         self.steps: list[int] = []
@@ -52,9 +55,9 @@ class RunFiles:
     def event(self, name: str, **fields: Any) -> None:
         if not self.lead:
             return
-        record = {"time_s": round(self.now(), 6), "event": name, **fields}
-        with (self.run / "events.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        _append(
+            self.run / "events.jsonl", {"time_s": round(self.now(), 6), "event": name, **fields}
+        )
 
     # ------------------------------------------------------------------ steps
 
@@ -113,9 +116,9 @@ class RunFiles:
             kind = detect_device(engine.device_kind)
             if kind == "cpu":
                 # each process measures the threads it has; under one controller that is the host
-                self._peak = measure_cpu_peak(torch.float32) * engine.world
+                self._peak = measure_cpu_peak(self.compute) * engine.world
             else:
-                self._peak = device_peak(kind).flops.get("bfloat16", 0.0) * engine.devices
+                self._peak = device_peak(kind).rate(self.compute) * engine.devices
         return self._peak or None
 
     def recent_losses(self, n: int = 8) -> list[float]:
@@ -126,8 +129,7 @@ class RunFiles:
             return
         record = {"step": k, "eval_loss": loss, "tokens": tokens, "time_s": self.now()}
         record["eval_s"] = eval_s
-        with (self.run / "eval.jsonl").open("a") as f:
-            f.write(json.dumps(record) + "\n")
+        _append(self.run / "eval.jsonl", record)
 
     # ------------------------------------------------------------------ the end
 
@@ -190,6 +192,22 @@ class RunFiles:
             summary["cost_to_target"] = per_s * hit["time_s"] if hit else None
             summary["cost_total"] = per_s * wall
         return summary
+
+
+def _append(path: Path, record: Mapping[str, Any]) -> None:
+    """One JSON line appended in one write; a torn last line (a process killed mid-write) is
+    cut first, so it never ends up in the middle of the file."""
+    line = (json.dumps(record) + "\n").encode()
+    with path.open("ab+") as f:
+        size = f.seek(0, 2)
+        if size:
+            f.seek(max(0, size - 1))
+            if f.read(1) != b"\n":
+                f.seek(0)
+                data = f.read()
+                f.truncate(data.rfind(b"\n") + 1)
+        f.seek(0, 2)
+        f.write(line)
 
 
 def _memory(engine: Engine) -> int | None:

@@ -19,7 +19,10 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from torch.distributed.tensor import DTensor
 
+from ..api import compile as compile_program
+from ..distributed.runtime import TorchCollectives, collective
 from ..errors import BackendError
 from ..ir.program import Program
 from ..ir.sharding import Sharding, coords_of, shard
@@ -37,7 +40,6 @@ class TorchEngine:
     """One rank of a torch.distributed job (see the module docstring)."""
 
     def __init__(self, files: JobFiles, *, device_type: str, timeout_s: float) -> None:
-        from ..distributed.runtime import TorchCollectives, collective
 
         program = files.per_rank
         assert program.spmd is not None  # read_job loads what per_rank_program wrote
@@ -164,15 +166,13 @@ class TorchEngine:
         return self.layout.input(name).sharding
 
     def _compile(self, program: Program, local: Mapping[str, torch.Tensor]) -> Any:
-        import portable
-
         keys = {s.key for s in program.signature.state_inputs}
         local_program = program.replace(
             weights={**program.weights, **{k: v for k, v in local.items() if k in keys}}
         )
         if self.device_kind == "cuda":
-            return portable.compile(local_program, backend="cuda")
-        return portable.compile(local_program, backend="cpu")
+            return compile_program(local_program, backend="cuda")
+        return compile_program(local_program, backend="cpu")
 
 
 def _init_process_group(
@@ -190,7 +190,6 @@ def _init_process_group(
 
 
 def _zeros_like(value: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
 
     if isinstance(value, DTensor):
         return DTensor.from_local(
@@ -203,6 +202,5 @@ def _zeros_like(value: torch.Tensor) -> torch.Tensor:
 
 
 def _local(value: torch.Tensor) -> torch.Tensor:
-    from torch.distributed.tensor import DTensor
 
     return value.to_local() if isinstance(value, DTensor) else value

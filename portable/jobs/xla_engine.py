@@ -22,6 +22,7 @@ from typing import Any
 
 import torch
 
+from ..backends.xla.spmd import spmd_function, to_torch
 from ..errors import BackendError
 from ..ir.signature import InputKind, OutputKind
 from .checkpoint import checkpoint_key
@@ -64,7 +65,6 @@ class XlaEngine:
     world = 1
 
     def __init__(self, files: JobFiles, *, platform: str) -> None:
-        from ..backends.xla.spmd import spmd_function
 
         devices = _devices(platform)
         self.device_kind = "cpu" if devices[0].platform == "cpu" else devices[0].platform
@@ -122,7 +122,6 @@ class XlaEngine:
         return float(loss)
 
     def checkpoint_state(self) -> dict[str, torch.Tensor]:
-        from ..backends.xla.spmd import to_torch
 
         return {
             checkpoint_key(key): to_torch(self._arrays[self._index[name]])

@@ -15,8 +15,9 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JobError
-from ..jobs import drill, launch
+from ..jobs import launch
 from ..jobs.config import HealthPolicy, JobConfig
+from ..jobs.drill import drill as drill_job
 from ..jobs.fault import parse_fault
 from .exit_codes import EPILOG, ExitCode
 
@@ -153,7 +154,7 @@ def run_train(args: argparse.Namespace) -> int:
 
 def run_drill(args: argparse.Namespace) -> int:
     fault = parse_fault(args.kill, args.signal)
-    report = drill.drill(config_from_args(args), fault, baseline=args.baseline, quiet=True)
+    report = drill_job(config_from_args(args), fault, baseline=args.baseline, quiet=True)
     if args.json:
         print(json.dumps({"status": "ok", "exit_code": 0, **report}))
         return ExitCode.OK

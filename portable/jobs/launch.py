@@ -27,7 +27,7 @@ from ..errors import CheckpointError, JobError
 from ..safe_json import read_json
 from .checkpoint import CheckpointStore
 from .config import JobConfig
-from .prepare import JOB_DIR, Prepared, prepare_job, write_job
+from .prepare import JOB_DIR, Prepared, check_identity, prepare_job, write_job
 from .records import read_records
 
 __all__ = ["TrainResult", "launch_job", "train"]
@@ -57,6 +57,7 @@ def train(config: JobConfig, *, quiet: bool = True, source: Any = None) -> Train
     run = Path(config.out)
     _check_out(run, config)
     prepared = prepare_job(config, source)
+    _check_resumable(prepared, run)
     extra = {"resume_from": _resume_source(config), "epoch": _epoch(run, config)}
     write_job(prepared, run, extra)
     return launch_job(prepared, run, quiet=quiet)
@@ -130,6 +131,20 @@ def _check_out(run: Path, config: JobConfig) -> None:
             f"--out {run} holds an earlier job",
             fix="pass --resume to continue it, or choose another --out",
         )
+
+
+def _check_resumable(prepared: Prepared, run: Path) -> None:
+    """The checkpoint the job will resume from is one of this program (before any rank runs)."""
+    config = prepared.config
+    candidates = []
+    if config.resume:
+        candidates.append(CheckpointStore(run / "checkpoints").latest())
+    source = _resume_source(config)
+    if source is not None:
+        candidates.append(CheckpointStore(Path(source).parent).verify(source))
+    for checkpoint in candidates:
+        if checkpoint is not None:
+            check_identity(checkpoint, prepared.identity)
 
 
 def _resume_source(config: JobConfig) -> str | None:

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from ..errors import CheckpointError, JobError
+from ..errors import JobError
 from ..recipe import recipe_of
 from .checkpoint import CheckpointStore
 from .data import Prefetcher, Sampler, TokenFile
@@ -22,7 +22,7 @@ from .engine import Engine
 from .fault import maybe_fire
 from .health import Health
 from .hf_init import HfTensor, read_hf_checkpoint
-from .prepare import JobFiles, read_job
+from .prepare import JobFiles, check_identity, read_job
 from .run_files import RunFiles
 from .torch_engine import TorchEngine
 from .trace import StepTracer
@@ -161,7 +161,7 @@ class _Job:
             if self.config.init_from:
                 self._init_from_hf()
             return 0
-        self._check_identity(candidate)
+        check_identity(candidate, self.doc["identity"])
         t0 = time.perf_counter()
         self.engine.load_state(lambda targets: self.store.load(candidate, targets))
         reload_s = time.perf_counter() - t0
@@ -177,18 +177,6 @@ class _Job:
             engine=self.config.engine,
         )
         return candidate.step
-
-    def _check_identity(self, checkpoint: Any) -> None:
-        theirs = checkpoint.meta.get("identity", {}).get("structure_hash")
-        ours = self.doc["identity"]["structure_hash"]
-        if theirs != ours:
-            raise CheckpointError(
-                f"{checkpoint.path} is a checkpoint of another program "
-                f"({checkpoint.meta.get('identity', {}).get('name')!r}, structure "
-                f"{str(theirs)[:12]}), not of {self.doc['identity']['name']} "
-                f"(structure {ours[:12]})",
-                fix="resume with the SPEC (and recipe) that wrote it, or start a new --out",
-            )
 
     def _init_from_hf(self) -> None:
 
@@ -302,6 +290,11 @@ class _Job:
         t0 = time.perf_counter()
         self.at("checkpoint", k, self.config.steps)
         state = self.engine.checkpoint_state()
+        # a tied weight under each of its names, as the model's state_dict() lists it, so plain
+        # dcp.load(model.state_dict()) finds every key (loading reads the kept name only)
+        for dropped, kept in self.files.per_rank.metadata.get("tied_weights", {}).items():
+            if kept in state:
+                state[dropped] = state[kept]
         self.pending = self.store.save(k, state, meta, async_=self.config.ckpt_async)
         stall_s = time.perf_counter() - t0
         if not self.config.ckpt_async:

@@ -29,7 +29,7 @@ from ..atomic_dir import staging
 from ..capture import capture, capture_loss
 from ..cli.load_spec import load_plan, resolve
 from ..distributed.launch import per_rank_program
-from ..errors import CaptureError, JobError
+from ..errors import CaptureError, CheckpointError, JobError
 from ..ir.content_hash import structure_bytes
 from ..ir.plan import Plan
 from ..ir.program import Program, ProgramKind
@@ -39,7 +39,15 @@ from .config import JobConfig
 from .data import Sampler, TokenFile, check_vocab
 from .flops import program_flops
 
-__all__ = ["JOB_DIR", "JOB_FORMAT", "JobFiles", "Prepared", "prepare_job", "read_job"]
+__all__ = [
+    "JOB_DIR",
+    "JOB_FORMAT",
+    "JobFiles",
+    "Prepared",
+    "check_identity",
+    "prepare_job",
+    "read_job",
+]
 
 JOB_DIR = ".job"
 JOB_FORMAT = "portable-job"
@@ -88,6 +96,20 @@ def program_identity(program: Program) -> dict[str, str]:
         "name": program.name,
         "structure_hash": hashlib.sha256(structure_bytes(bare)).hexdigest(),
     }
+
+
+def check_identity(checkpoint: Any, identity: Mapping[str, str]) -> None:
+    """CheckpointError unless `checkpoint` (a checkpoint.Checkpoint) was written by a program
+    of this `identity` (under any plan or engine)."""
+    theirs = checkpoint.meta.get("identity", {})
+    if not isinstance(theirs, dict) or theirs.get("structure_hash") != identity["structure_hash"]:
+        name = theirs.get("name") if isinstance(theirs, dict) else None
+        raise CheckpointError(
+            f"{checkpoint.path} is a checkpoint of another program ({name!r}), not of "
+            f"{identity['name']!r}",
+            fix="resume with the SPEC (and recipe, batch and seq) that wrote it, or start a new "
+            "--out without --resume",
+        )
 
 
 def prepare_job(config: JobConfig, source: Any = None) -> Prepared:

@@ -48,6 +48,7 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..atomic_dir import Claim, recover_stale
 from ..errors import CheckpointError, PortableError
+from ..ir.sharding import coords_of
 from ..safe_json import read_json
 from .dcp_reader import SafeFileSystemReader, read_metadata
 
@@ -709,8 +710,6 @@ def device_mesh(mesh: Mesh, device_type: str = "cpu") -> Any:
     """`init_device_mesh` over `mesh`'s axes; checks that its rank order is portable's
     (`coords_of`: row-major, last axis contiguous). Needs torch.distributed initialized."""
     from torch.distributed.device_mesh import init_device_mesh
-
-    from ..ir.sharding import coords_of
 
     if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != mesh.size:
         world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None

@@ -43,7 +43,7 @@ from torch.futures import Future
 from ..errors import CheckpointError
 from ..limits import current
 
-__all__ = ["SafeFileSystemReader", "read_metadata"]
+__all__ = ["SafeFileSystemReader", "read_metadata", "unpickle_metadata"]
 
 _MD = "torch.distributed.checkpoint.metadata"
 _CLASSES: dict[tuple[str, str], type] = {

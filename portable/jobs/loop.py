@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JobError
+from ..ir.signature import InputKind
 from ..recipe import recipe_of
 from .checkpoint import CheckpointStore
 from .data import Prefetcher, Sampler, TokenFile
@@ -184,7 +185,7 @@ class _Job:
         wanted = {
             s.key: HfTensor(tuple(int(d) for d in s.spec.shape), s.spec.dtype, ())
             for s in program.signature.state_inputs
-            if s.kind.value in ("parameter", "buffer")
+            if s.kind is InputKind.PARAMETER  # buffers (rotary tables, masks) are the model's own
         }
         layout = program.spmd
         assert layout is not None
@@ -285,7 +286,6 @@ class _Job:
             "cursor": self.sampler.cursor(k + self.offset),
             "offset": self.offset,
             "recipe": self.files.per_rank.metadata.get("recipe"),
-            "losses_tail": self.out.recent_losses(),
         }
         t0 = time.perf_counter()
         self.at("checkpoint", k, self.config.steps)

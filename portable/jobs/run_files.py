@@ -121,9 +121,6 @@ class RunFiles:
                 self._peak = device_peak(kind).rate(self.compute) * engine.devices
         return self._peak or None
 
-    def recent_losses(self, n: int = 8) -> list[float]:
-        return self.losses[-n:]
-
     def eval(self, k: int, loss: float, tokens: int, eval_s: float) -> None:
         if not self.lead:
             return

@@ -59,8 +59,12 @@ class Engine(Protocol):
         engine then runs from those values."""
         ...
 
-    def set_global_state(self, values: Mapping[str, torch.Tensor]) -> None:
-        """Replace state entries (by weight key) with GLOBAL values (an HF checkpoint's)."""
+    def state_slices(self, key: str, shape: tuple[int, ...]) -> tuple[slice, ...]:
+        """The part of state entry `key` (GLOBAL `shape`) this process holds."""
+        ...
+
+    def set_state(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Replace state entries (by weight key) with the parts `state_slices` named."""
         ...
 
     def snapshot(self) -> Any: ...

@@ -182,21 +182,18 @@ class _Job:
     def _init_from_hf(self) -> None:
 
         program = self.files.per_rank
-        wanted = {
-            s.key: HfTensor(tuple(int(d) for d in s.spec.shape), s.spec.dtype, ())
-            for s in program.signature.state_inputs
-            if s.kind is InputKind.PARAMETER  # buffers (rotary tables, masks) are the model's own
-        }
         layout = program.spmd
-        assert layout is not None
+        assert layout is not None  # read_job loads a per-rank program
+        wanted = {}
         for s in program.signature.state_inputs:
-            if s.key in wanted:
+            if s.kind is InputKind.PARAMETER:  # buffers (rotary tables, masks): the model's own
                 shape = tuple(int(d) for d in layout.input(s.name).global_shape)
-                wanted[s.key] = HfTensor(shape, s.spec.dtype, tuple(slice(0, n) for n in shape))
+                index = self.engine.state_slices(s.key, shape)  # each rank reads only its part
+                wanted[s.key] = HfTensor(shape, s.spec.dtype, index)
         aliases = {v: k for k, v in program.metadata.get("tied_weights", {}).items()}
         t0 = time.perf_counter()
         values = read_hf_checkpoint(self.config.init_from or "", wanted, aliases=aliases)
-        self.engine.set_global_state(values)
+        self.engine.set_state(values)
         self.out.event(
             "init_from",
             path=self.config.init_from,

@@ -140,11 +140,22 @@ class TorchEngine:
         inverse = {checkpoint_key(k): k for k in self.exe.state}
         self.exe.state = {inverse[k]: _local(v) for k, v in targets.items()}
 
-    def set_global_state(self, values: Mapping[str, torch.Tensor]) -> None:
+    def state_slices(self, key: str, shape: tuple[int, ...]) -> tuple[slice, ...]:
+        sharding = self._sharding(self._names[key])
+        coords = coords_of(self.mesh, self.rank)
+        slices = []
+        for dim, axes in enumerate(sharding.dims):
+            index = 0
+            for axis in axes:
+                index = index * self.mesh.axis_size(axis) + coords[axis]
+            size = shape[dim] // (sharding.factor(self.mesh, dim) if axes else 1)
+            slices.append(slice(index * size, (index + 1) * size))
+        return tuple(slices)
+
+    def set_state(self, values: Mapping[str, torch.Tensor]) -> None:
         state = dict(self.exe.state)
         for key, value in values.items():
-            local = shard(value, self._sharding(self._names[key]), self.mesh, self.rank)
-            state[key] = local.to(self.device, state[key].dtype)
+            state[key] = value.to(self.device, state[key].dtype).contiguous()
         self.exe.state = state
 
     def snapshot(self) -> dict[str, torch.Tensor]:

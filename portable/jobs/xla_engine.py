@@ -135,7 +135,10 @@ class XlaEngine:
             k = self._index[name]
             self._arrays[k] = self.fn.put_one(k, targets[checkpoint_key(key)])
 
-    def set_global_state(self, values: Mapping[str, torch.Tensor]) -> None:
+    def state_slices(self, key: str, shape: tuple[int, ...]) -> tuple[slice, ...]:
+        return tuple(slice(0, n) for n in shape)  # the controller holds global values
+
+    def set_state(self, values: Mapping[str, torch.Tensor]) -> None:
         for key, value in values.items():
             k = self._index[self._keys[key]]
             dtype = self.program.signature.inputs[k].spec.dtype

@@ -1,4 +1,5 @@
-"""`portable run SPEC --nproc N [--steps K] [--plan PLAN] [--out DIR] [--json]`.
+"""`portable run SPEC --nproc N [--steps K] [--plan PLAN] [--out DIR] [--json]`: a smoke test
+of a per-rank program (training jobs are `portable train`, portable/cli/train.py).
 
 Runs a model on N local processes with torch.distributed (gloo on CPU, nccl with CUDA):
 1. SPEC and PLAN are resolved and `plan.check_world_size(N)` is checked; nothing has started;
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 import tempfile
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -43,10 +45,13 @@ def add_parser(sub: argparse._SubParsersAction, parents: list[argparse.ArgumentP
     p = sub.add_parser(
         "run",
         parents=parents,
-        help="run a model's training step (or inference) on N processes with torch.distributed",
+        help="smoke-test a per-rank program (inference, or steps on the example batch) on N "
+        "processes; training jobs: portable train",
         description="Capture SPEC, partition it by PLAN into a per-rank program and run it on "
-        "N local processes (torch.distributed: gloo on CPU, nccl with CUDA). Prints the loss of "
-        "each step; with --out writes DIR/results.json and the final GLOBAL state.",
+        "N local processes (torch.distributed: gloo on CPU, nccl with CUDA): one inference call, "
+        "or K training steps on the spec's example batch. Prints the loss of each step; with "
+        "--out writes DIR/results.json and the final GLOBAL state. For a training job (real "
+        "data, checkpoints, resume, metrics) use `portable train`.",
         epilog=EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
@@ -91,6 +96,12 @@ def run(args: argparse.Namespace) -> int:
     _check_out(args.out)
     progress = Progress(5, enabled=not (args.quiet or args.json))
     training = not args.inference
+    if training and args.steps > 1 and not (args.quiet or args.json):
+        print(
+            "note: portable run repeats the example batch and keeps nothing until the end; "
+            "for a training job use portable train (data, checkpoints, resume, metrics)",
+            file=sys.stderr,
+        )
     with tempfile.TemporaryDirectory(prefix="portable-run-") as tmp:
         with progress.stage("capture", f"capturing {source.name}"):
             program = with_plan(_program(source, training), plan)

@@ -109,7 +109,7 @@ class _Job:
                 k = step + 1
                 maybe_fire(self.engine.rank, k, self.restart, self.run_dir)
                 self.at("step", k, steps)
-                data_step, (idx, targets), wait_s = prefetcher.next()
+                _, (_, (idx, targets)), wait_s = prefetcher.next()
                 snapshot = self.engine.snapshot() if self.health.needs_snapshot else None
                 with tracer.step(k):
                     t0 = time.perf_counter()
@@ -211,8 +211,7 @@ class _Job:
             data_step = k + offset
             return data_step, self.sampler.rows(data_step, *rows)
 
-        inner = Prefetcher(load, step, self.config.steps, depth=self.config.prefetch)
-        return _Unpack(inner)
+        return Prefetcher(load, step, self.config.steps, depth=self.config.prefetch)
 
     @property
     def _tokens_per_step(self) -> int:
@@ -311,17 +310,3 @@ class _Job:
         self._wait_pending()
         self.engine.barrier()
         self.out.finish(steps, self.config, self.engine, self._tokens_per_step)
-
-
-class _Unpack:
-    """A Prefetcher of (data_step, batch) seen as (data_step, batch, wait_s)."""
-
-    def __init__(self, inner: Prefetcher) -> None:
-        self.inner = inner
-
-    def next(self) -> tuple[int, Any, float]:
-        _, (data_step, batch), wait_s = self.inner.next()
-        return data_step, batch, wait_s
-
-    def close(self) -> None:
-        self.inner.close()

@@ -1,8 +1,8 @@
 """Training jobs: a captured training step run on a fleet's engine with real data, checkpoints,
 failure drills and measurements (docs/training-jobs.md).
 
-    result = portable.train("examples/gpt.py:GPT", data="tokens.bin", steps=200, out="runs/gpt",
-                            nproc=2, plan="dp.json", ckpt_every=50)
+    result = portable.jobs.train("examples/gpt.py:GPT", data="tokens.bin", steps=200, out="runs/gpt",
+                                 nproc=2, plan="dp.json", ckpt_every=50)
     result.losses, result.summary["final_loss"]
 
 `train` and `drill` take JobConfig's fields as keywords; SPEC is `file.py:Name`,

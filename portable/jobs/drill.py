@@ -36,7 +36,7 @@ from ..safe_json import read_json
 from .checkpoint import CheckpointStore, checkpoint_key
 from .config import JobConfig
 from .fault import FAULT_ENV, Fault
-from .launch import _check_out, _epoch, _resume_source, launch_job, read_result
+from .launch import _check_out, _epoch, _resume_source, cpu_peak, launch_job, read_result
 from .prepare import Prepared, prepare_job, write_job
 from .records import read_records
 
@@ -58,18 +58,17 @@ def drill(
     drilled = dataclasses.replace(config, max_restarts=max(config.max_restarts, 1), resume=False)
     _check_out(run, drilled)
     prepared = prepare_job(drilled)
-    write_job(
-        prepared, run, {"resume_from": _resume_source(drilled), "epoch": _epoch(run, drilled)}
-    )
+    peak = cpu_peak(prepared)
+    extra = {"resume_from": _resume_source(drilled), "epoch": _epoch(run, drilled)}
+    write_job(prepared, run, {**extra, "cpu_peak_flops": peak})
     launch_job(prepared, run, quiet=quiet, env={FAULT_ENV: str(fault)})
     result = read_result(run)
     if baseline is None:
         baseline = run / "baseline"
         base_config = dataclasses.replace(config, out=str(baseline), resume=False)
         _check_out(baseline, base_config)
-        write_job(
-            prepared_for(prepared, base_config), baseline, {"epoch": _epoch(baseline, base_config)}
-        )
+        extra = {"epoch": _epoch(baseline, base_config), "cpu_peak_flops": peak}
+        write_job(prepared_for(prepared, base_config), baseline, extra)
         launch_job(prepared_for(prepared, base_config), baseline, quiet=quiet)
     base = read_result(Path(baseline))
     report = _report(run, prepared, fault, result.losses, base.losses, Path(baseline))

@@ -24,9 +24,11 @@ from ..distributed.diagnosis import job_error, read_reports
 from ..distributed.job import Job
 from ..distributed.launch import free_port
 from ..errors import CheckpointError, JobError
+from ..recipe import recipe_of
 from ..safe_json import read_json
 from .checkpoint import CheckpointStore
 from .config import JobConfig
+from .peaks import measure_cpu_peak
 from .prepare import JOB_DIR, Prepared, check_identity, prepare_job, write_job
 from .records import read_records
 
@@ -59,6 +61,7 @@ def train(config: JobConfig, *, quiet: bool = True, source: Any = None) -> Train
     prepared = prepare_job(config, source)
     _check_resumable(prepared, run)
     extra = {"resume_from": _resume_source(config), "epoch": _epoch(run, config)}
+    extra["cpu_peak_flops"] = cpu_peak(prepared)
     write_job(prepared, run, extra)
     return launch_job(prepared, run, quiet=quiet)
 
@@ -131,6 +134,24 @@ def _check_out(run: Path, config: JobConfig) -> None:
             f"--out {run} holds an earlier job",
             fix="pass --resume to continue it, or choose another --out",
         )
+
+
+def cpu_peak(prepared: Prepared) -> float:
+    """The job's CPU peak FLOP/s, measured here before any rank runs (a rank measuring it
+    itself would time its matmuls against its peers' and XLA's threads): cpu ranks run one
+    thread each (OMP_NUM_THREADS=1), the xla/neuron controller every host thread."""
+    import torch
+
+    config = prepared.config
+    compute = recipe_of(prepared.program.metadata).precision.compute_dtype
+    if config.engine in ("xla", "neuron"):
+        return measure_cpu_peak(compute)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        return measure_cpu_peak(compute) * config.nproc
+    finally:
+        torch.set_num_threads(threads)
 
 
 def _check_resumable(prepared: Prepared, run: Path) -> None:

@@ -73,7 +73,12 @@ class _Job:
         self.lead = engine.rank == 0
         compute = recipe_of(files.per_rank.metadata).precision.compute_dtype
         self.out = RunFiles(
-            run, rank=engine.rank, lead=self.lead, epoch=float(self.doc["epoch"]), compute=compute
+            run,
+            rank=engine.rank,
+            lead=self.lead,
+            epoch=float(self.doc["epoch"]),
+            compute=compute,
+            cpu_peak=self.doc.get("cpu_peak_flops"),
         )
         self.out.event("start", restart=restart, process_start=started, compile_s=engine.compile_s)
         self.store = CheckpointStore(run / "checkpoints", keep=config.keep)

@@ -35,7 +35,14 @@ __all__ = ["RunFiles"]
 
 class RunFiles:
     def __init__(
-        self, run: Path, *, rank: int, lead: bool, epoch: float, compute: torch.dtype
+        self,
+        run: Path,
+        *,
+        rank: int,
+        lead: bool,
+        epoch: float,
+        compute: torch.dtype,
+        cpu_peak: float | None = None,
     ) -> None:
         self.run, self.rank, self.lead, self.epoch = run, rank, lead, epoch
         self.compute = compute  # the number format MFU is measured against
@@ -46,6 +53,7 @@ class RunFiles:
         self.waits: list[float] = []
         self.losses: list[float] = []
         self._peak: float | None = None
+        self._cpu_peak = cpu_peak  # the launcher's measurement, for the whole job
 
     def now(self) -> float:
         return time.time() - self.epoch
@@ -115,8 +123,7 @@ class RunFiles:
         if self._peak is None:
             kind = detect_device(engine.device_kind)
             if kind == "cpu":
-                # each process measures the threads it has; under one controller that is the host
-                self._peak = measure_cpu_peak(self.compute) * engine.world
+                self._peak = self._cpu_peak or measure_cpu_peak(self.compute) * engine.world
             else:
                 self._peak = device_peak(kind).rate(self.compute) * engine.devices
         return self._peak or None

@@ -129,7 +129,7 @@ _MEASURED: dict[tuple[torch.dtype, int], float] = {}  # (dtype, threads) -> FLOP
 
 def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.3) -> float:
     """This process's best matmul rate (FLOP/s) for `dtype` on its torch threads: square
-    matmuls (n grown until one takes 10 ms or more, at most 2048) timed for about
+    matmuls (n from 1024, grown until one takes 10 ms or more, at most 2048) timed for about
     `seconds`, the fastest taken. Measured once per dtype and thread count per process."""
     key = (dtype, torch.get_num_threads())
     if key not in _MEASURED:
@@ -138,9 +138,9 @@ def measure_cpu_peak(dtype: torch.dtype = torch.float32, *, seconds: float = 0.3
 
 
 def _measure(dtype: torch.dtype, seconds: float) -> float:
-    # n grows until one matmul takes 10 ms: below that, waking a thread pool (several
-    # threads on few cores) costs more than the arithmetic and the rate reads 100x low
-    n = 128
+    # n from 1024, grown until one matmul takes 10 ms: on small matmuls waking a thread pool
+    # (several threads on few cores) costs more than the arithmetic and the rate reads 100x low
+    n = 1024
     while True:
         a, b = torch.randn(n, n).to(dtype), torch.randn(n, n).to(dtype)
         _time_once(a, b)  # warm: the pool is up, the pages touched

@@ -144,8 +144,10 @@ def run_train(args: argparse.Namespace) -> int:
         print(json.dumps({"status": "ok", "exit_code": 0, "run": str(result.run), **summary}))
         return ExitCode.OK
     mean = _steady_mean([m["tokens_per_s"] for m in result.metrics])
+    first = result.metrics[0]["step"] if result.metrics else summary["steps"]
+    span = f"steps {first}-{summary['steps']}" if first > 1 else f"{summary['steps']} steps"
     print(
-        f"trained {summary['steps']} steps on {summary['engine']} "
+        f"trained {span} on {summary['engine']} "
         f"({summary['device']['count']} device(s)): final loss {summary['final_loss']:.6f}, "
         f"{mean:,.0f} tokens/s, wrote {result.run}"
     )

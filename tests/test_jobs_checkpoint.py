@@ -21,6 +21,7 @@ from torch.distributed.checkpoint import filesystem
 
 from portable.errors import CheckpointError
 from portable.jobs import checkpoint as ckpt
+from portable.jobs import checkpoint_manifest
 from portable.jobs.checkpoint import CheckpointStore, checkpoint_key, weight_key
 from portable.jobs.dcp_reader import SafeFileSystemReader, read_metadata, unpickle_metadata
 from portable.jobs.hf_init import HfTensor, read_hf_checkpoint
@@ -295,7 +296,7 @@ def test_full_disk_keeps_the_previous_checkpoint(
     if where == "shards":
         monkeypatch.setattr(filesystem, "_write_item", _no_space)
     else:
-        monkeypatch.setattr(ckpt, "_write_json", _no_space)
+        monkeypatch.setattr(checkpoint_manifest, "_write_json", _no_space)
     for step in (3, 2):  # a new step, and a replacement of a committed one
         with pytest.raises(
             CheckpointError, match=f"could not write checkpoint step-{step}: No space left"

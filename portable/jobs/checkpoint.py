@@ -3,9 +3,11 @@
 
 A step directory holds DCP's `.metadata` and `__<rank>_<i>.distcp` files (each rank writes its
 own shards; keys are `checkpoint_key` of the program's state names: parameters by FQN,
-optimizer state under `optim.`) and `portable.json` = {"format": "portable-checkpoint",
-"format_version": 1, "step", "meta", "files": {name: {"bytes", "sha256"}}}. So plain
+optimizer state under `optim.`) and `portable.json`, the manifest of the step, its `meta` and
+every file's size and sha256 (written and verified by `checkpoint_manifest`). So plain
 `torch.distributed.checkpoint.load(model.state_dict(), checkpoint_id=step_dir)` reads it.
+Sharded state is saved as DTensors laid out by `dtensor_layout` (`device_mesh`, `to_dtensor`,
+re-exported here).
 
 Commit protocol (`CheckpointStore.save`, collective when torch.distributed is initialized):
 rank 0 claims a hidden staging directory beside `step-<N>` (`portable.atomic_dir.Claim`: a
@@ -29,17 +31,14 @@ import contextlib
 import dataclasses
 import errno
 import functools
-import hashlib
 import json
 import os
-import re
 import shutil
-import stat
 import threading
 import warnings
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -48,13 +47,16 @@ from torch.distributed.checkpoint.api import CheckpointException
 
 from ..atomic_dir import Claim, recover_stale
 from ..errors import CheckpointError, PortableError
-from ..ir.sharding import coords_of
-from ..safe_json import read_json
+from .checkpoint_manifest import (
+    FIX_RESUME,
+    MANIFEST,
+    STEP_DIR,
+    hash_own,
+    verify_files,
+    write_manifest,
+)
 from .dcp_reader import SafeFileSystemReader, read_metadata
-
-if TYPE_CHECKING:
-    from ..ir.plan import Mesh
-    from ..ir.sharding import Sharding
+from .dtensor_layout import device_mesh, to_dtensor
 
 __all__ = [
     "Checkpoint",
@@ -65,18 +67,6 @@ __all__ = [
     "to_dtensor",
     "weight_key",
 ]
-
-FORMAT = "portable-checkpoint"
-FORMAT_VERSION = 1
-MANIFEST = "portable.json"
-_STEP = re.compile(r"step-(0|[1-9][0-9]{0,17})")
-_PLAIN = re.compile(r"(?!\.\.?$)[A-Za-z0-9_.][A-Za-z0-9_.\-]{0,254}")  # no '/', '.', '..'
-_SHA = re.compile(r"[0-9a-f]{64}")
-_OWNER = re.compile(r"__([0-9]+)_")  # DCP names a rank's files __<rank>_<i>.distcp
-_FIX_RESUME = (
-    "resume from an earlier checkpoint (CheckpointStore.latest() skips this one), or delete it"
-)
-
 
 # --------------------------------------------------------------------------- state names
 
@@ -338,7 +328,7 @@ class CheckpointStore:
             report: dict[str, Any]
             try:
                 write()
-                report = {"files": _hash_own(staging, self._ranks.rank)}
+                report = {"files": hash_own(staging, self._ranks.rank)}
             except (Exception, CheckpointException) as exc:
                 report = {"error": _error_doc(_write_error(step, exc, self.root))}
             reports = self._ranks.gather(report)
@@ -375,9 +365,7 @@ class CheckpointStore:
                     f"the ranks wrote {sorted(written)} but hashed {sorted(files)}",
                     fix="the checkpoint directory must be on a file system every rank shares",
                 )
-            doc = {"format": FORMAT, "format_version": FORMAT_VERSION, "step": step}
-            doc.update(meta=meta, files=dict(sorted(files.items())))
-            _write_json(claim.tmp / MANIFEST, doc)
+            write_manifest(claim.tmp, step, meta, files)
             claim.swap()
             claim.drop_old()
             _fsync_dir(self.root)
@@ -409,7 +397,7 @@ class CheckpointStore:
             return []
         except OSError as exc:
             raise CheckpointError(f"cannot list {self.root}: {exc.strerror}") from exc
-        return sorted((int(m[1]), self.root / n) for n in names if (m := _STEP.fullmatch(n)))
+        return sorted((int(m[1]), self.root / n) for n in names if (m := STEP_DIR.fullmatch(n)))
 
     def latest(self) -> Checkpoint | None:
         """The newest committed checkpoint that verifies; newer ones that do not are skipped
@@ -429,43 +417,13 @@ class CheckpointStore:
         safely; else CheckpointError. Sizes are compared (lstat) before anything is hashed."""
         path = Path(path)
         try:
-            step, meta, files = self._verify_files(path)
+            step, meta, files = verify_files(path)
         except OSError as exc:  # a file that cannot be listed or read
             raise CheckpointError(
-                f"cannot read checkpoint {path}: {exc.strerror or exc}", fix=_FIX_RESUME
+                f"cannot read checkpoint {path}: {exc.strerror or exc}", fix=FIX_RESUME
             ) from exc
         read_metadata(path)  # DCP's metadata readable without running it, its items in place
         return Checkpoint(step, path, meta)
-
-    @staticmethod
-    def _verify_files(path: Path) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
-        """(step, meta, files) of a committed directory whose files all match portable.json."""
-        _regular(path, directory=True, what="checkpoint directory")
-        manifest = path / MANIFEST
-        if not os.path.lexists(manifest):
-            raise CheckpointError(
-                f"{path} has no {MANIFEST}: it was never committed (a save that did not finish, "
-                "or a copy without it)",
-                fix=_FIX_RESUME,
-            )
-        _regular(manifest, directory=False, what=MANIFEST)
-        step, meta, files = _manifest(read_json(manifest, CheckpointError, fix=_FIX_RESUME), path)
-        _check_listing(path, files)
-        for name, entry in files.items():
-            size = _regular(path / name, directory=False, what="checkpoint file")
-            if size != entry["bytes"]:
-                change = "truncated" if size < entry["bytes"] else "grown"
-                raise CheckpointError(
-                    f"{path / name} is {size} bytes, {MANIFEST} lists {entry['bytes']}: {change}",
-                    fix=_FIX_RESUME,
-                )
-        for name, entry in files.items():
-            if _sha256(path / name, entry["bytes"]) != entry["sha256"]:
-                raise CheckpointError(
-                    f"{path / name} does not match its sha256 in {MANIFEST}: corrupted",
-                    fix=_FIX_RESUME,
-                )
-        return step, meta, files
 
     # ---- load
 
@@ -493,7 +451,7 @@ class CheckpointStore:
                 raise CheckpointError(inner.what, fix=inner.fix) from None
             raise CheckpointError(
                 f"could not load {checkpoint.path}: {type(inner).__name__}: {inner}",
-                fix=_FIX_RESUME,
+                fix=FIX_RESUME,
             ) from None
 
 
@@ -540,37 +498,6 @@ def _json_meta(meta: Mapping[str, Any]) -> dict[str, Any]:
             fix="pass plain dicts, lists, strings, finite numbers, booleans and None",
         ) from None
     return doc
-
-
-def _hash_own(staging: Path, rank: int) -> dict[str, dict[str, Any]]:
-    """{name: {"bytes", "sha256"}} of the files of `staging` this rank wrote (rank 0: also those
-    no rank's prefix names, such as .metadata)."""
-    out = {}
-    for entry in os.scandir(staging):
-        owner = _OWNER.match(entry.name)
-        if (int(owner[1]) if owner else 0) == rank:
-            size = entry.stat(follow_symlinks=False).st_size
-            out[entry.name] = {"bytes": size, "sha256": _sha256(Path(entry.path), size)}
-    return out
-
-
-def _sha256(path: Path, size: int) -> str:
-    digest = hashlib.sha256()
-    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
-    with os.fdopen(os.open(path, flags), "rb") as f:
-        while size >= 0 and (chunk := f.read(min(1 << 20, size + 1))):
-            digest.update(chunk)
-            size -= len(chunk)
-    return digest.hexdigest()
-
-
-def _write_json(path: Path, doc: Any) -> None:
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write((json.dumps(doc, indent=1, sort_keys=True) + "\n").encode())
-        f.flush()
-        os.fsync(f.fileno())
-    os.rename(tmp, path)
 
 
 def _fsync_dir(path: Path) -> None:
@@ -624,147 +551,3 @@ def _write_error(step: int, exc: BaseException, root: Path) -> CheckpointError:
 
 def _error_doc(error: CheckpointError) -> list[str]:
     return [error.what, error.fix or ""]
-
-
-def _regular(path: Path, *, directory: bool, what: str) -> int:
-    """lstat `path`: a directory or a regular file as asked, never a symlink; its size."""
-    try:
-        info = os.lstat(path)
-    except OSError as exc:
-        raise CheckpointError(
-            f"{what} {path} is missing ({exc.strerror})", fix=_FIX_RESUME
-        ) from exc
-    ok = stat.S_ISDIR(info.st_mode) if directory else stat.S_ISREG(info.st_mode)
-    if not ok:
-        kind = "a symlink" if stat.S_ISLNK(info.st_mode) else "not a regular file"
-        kind = "not a directory" if directory and kind != "a symlink" else kind
-        raise CheckpointError(f"{what} {path} is {kind}", fix=_FIX_RESUME)
-    return info.st_size
-
-
-def _manifest(doc: Any, path: Path) -> tuple[int, dict[str, Any], dict[str, dict[str, Any]]]:
-    """(step, meta, files) of a portable.json document, every field checked."""
-    where = f"{path / MANIFEST}"
-
-    def bad(what: str) -> CheckpointError:
-        return CheckpointError(f"{where} {what}", fix=_FIX_RESUME)
-
-    keys = {"format", "format_version", "step", "meta", "files"}
-    if type(doc) is not dict or set(doc) != keys:
-        raise bad(f"is not a checkpoint manifest (it must hold exactly {sorted(keys)})")
-    if doc["format"] != FORMAT:
-        raise bad(f"has format {str(doc['format'])[:80]!r}, not {FORMAT!r}")
-    if doc["format_version"] != FORMAT_VERSION or type(doc["format_version"]) is not int:
-        raise CheckpointError(
-            f"{where} has format_version {str(doc['format_version'])[:20]}; this portable "
-            f"reads {FORMAT_VERSION}",
-            fix="load it with the portable version that wrote it",
-        )
-    step, meta, files = doc["step"], doc["meta"], doc["files"]
-    if type(step) is not int or step < 0 or type(meta) is not dict or type(files) is not dict:
-        raise bad("has a step that is not an int >= 0, or meta / files that are not objects")
-    named = _STEP.fullmatch(path.name)
-    if named and int(named[1]) != step:
-        raise bad(f"is for step {step}, in directory {path.name}")
-    for name, entry in files.items():
-        if not _PLAIN.fullmatch(name) or name == MANIFEST:
-            raise bad(f"lists {name[:80]!r}, not a plain file name")
-        if (
-            type(entry) is not dict
-            or set(entry) != {"bytes", "sha256"}
-            or type(entry["bytes"]) is not int
-            or entry["bytes"] < 0
-            or type(entry["sha256"]) is not str
-            or not _SHA.fullmatch(entry["sha256"])
-        ):
-            raise bad(f"lists {name!r} without bytes and a sha256")
-    if ".metadata" not in files:
-        raise bad("lists no .metadata: not a DCP checkpoint")
-    return step, meta, files
-
-
-def _check_listing(path: Path, files: Mapping[str, Any]) -> None:
-    """Every listed file present, nothing unlisted (stops at the first extra entry)."""
-    seen = set()
-    with os.scandir(path) as entries:
-        for entry in entries:
-            if entry.name == MANIFEST:
-                continue
-            if entry.name not in files:
-                raise CheckpointError(
-                    f"{path} holds {entry.name!r}, which {MANIFEST} does not list",
-                    fix=_FIX_RESUME,
-                )
-            seen.add(entry.name)
-    missing = sorted(set(files) - seen)
-    if missing:
-        raise CheckpointError(
-            f"{path} lacks {missing[:5]} listed in {MANIFEST}: incomplete", fix=_FIX_RESUME
-        )
-
-
-# --------------------------------------------------------------------------- plans -> DTensor
-
-
-def device_mesh(mesh: Mesh, device_type: str = "cpu") -> Any:
-    """`init_device_mesh` over `mesh`'s axes; checks that its rank order is portable's
-    (`coords_of`: row-major, last axis contiguous). Needs torch.distributed initialized."""
-    from torch.distributed.device_mesh import init_device_mesh
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() != mesh.size:
-        world = dist.get_world_size() if dist.is_available() and dist.is_initialized() else None
-        raise CheckpointError(
-            f"a device mesh of {mesh.to_json()} needs {mesh.size} torch.distributed ranks, "
-            f"{'torch.distributed is not initialized' if world is None else f'there are {world}'}",
-            fix="launch one process per mesh device (portable run --nproc N, torchrun)",
-        )
-    sizes = tuple(size for _, size in mesh.axes)
-    dm = init_device_mesh(device_type, sizes, mesh_dim_names=mesh.names)
-    expected = coords_of(mesh, dist.get_rank())
-    got = dm.get_coordinate()
-    if got is None or list(got) != [expected[a] for a in mesh.names]:
-        raise CheckpointError(
-            f"rank {dist.get_rank()} is at {got} of the device mesh, portable puts it at "
-            f"{expected}",
-            fix="report this: DeviceMesh's rank order no longer matches portable's",
-        )
-    return dm
-
-
-def to_dtensor(
-    local: torch.Tensor, sharding: Sharding, mesh: Mesh, device_mesh: Any
-) -> torch.Tensor:
-    """The DTensor whose local value on this rank is `local`, laid out as `sharding` says:
-    Shard(d) on the mesh dim of each axis splitting tensor dim d, Replicate elsewhere."""
-    from torch.distributed.tensor import DTensor, Replicate, Shard
-
-    if sharding.partial:
-        raise CheckpointError(
-            f"a value partial over {', '.join(a for a, _ in sharding.partial)} cannot be "
-            "checkpointed (its ranks hold addends, not shards)",
-            fix="checkpoint state values, which are never partial: reduce it first",
-        )
-    if sharding.ndim != local.ndim:
-        raise CheckpointError(
-            f"sharding {sharding} has {sharding.ndim} dims, the value {local.ndim}"
-        )
-    for dim, axes in enumerate(sharding.dims):
-        unknown = [a for a in axes if a not in mesh.names]
-        order = [mesh.names.index(a) for a in axes if a in mesh.names]
-        if unknown or order != sorted(order):
-            raise CheckpointError(
-                f"dim {dim} is split by {'+'.join(axes)} (major first), not in the mesh's axis "
-                f"order ({', '.join(mesh.names)}): DTensor splits a dim by mesh dims in mesh "
-                "order only",
-                fix="list the axes that split one dim in the mesh's order in the plan",
-            )
-    names = tuple(getattr(device_mesh, "mesh_dim_names", None) or ())
-    if names != mesh.names or tuple(device_mesh.shape) != tuple(s for _, s in mesh.axes):
-        raise CheckpointError(
-            f"the device mesh {names} {tuple(device_mesh.shape)} is not {mesh.to_json()}",
-            fix="build it with portable.jobs.checkpoint.device_mesh(mesh)",
-        )
-    placements = [
-        Replicate() if (d := sharding.dim_of(a)) is None else Shard(d) for a in mesh.names
-    ]
-    return DTensor.from_local(local, device_mesh, placements, run_check=False)

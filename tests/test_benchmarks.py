@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
@@ -182,3 +184,26 @@ def test_comm_overlap_benchmark_tiny_run_measures_all_three_variants(tmp_path):
     assert set(result["step_s"]) == {"baseline", "overlap", "compute-only"}
     assert result["losses_identical"] and result["pass"]["bucketed"] > 1
     assert "old" not in doc.read_text() and "exposed communication" in doc.read_text()
+
+
+@pytest.mark.slow
+def test_train_job_benchmark_small_form_measures_all_three_and_writes_its_section(tmp_path):
+    """benchmarks/train_job.py at its smallest: real `portable train` jobs (cpu engine) beside
+    the baseline's own process, sync and async checkpoints, the data wait."""
+    import json
+
+    bench = _bench("train_job")
+    out, doc = tmp_path / "r.json", tmp_path / "perf.md"
+    doc.write_text("# P\n\nbefore\n")
+    argv = ["--small", "--rounds", "1", "--no-xla", "--json", str(out), "--write", str(doc)]
+    assert bench.main(argv) == 0
+    result = json.loads(out.read_text())
+    cpu, ck = result["cpu"], result["checkpoint"]
+    assert cpu["samples"]["loop"] > 0 and cpu["samples"]["baseline"] > 0
+    assert cpu["loop_tps"] > 0 and cpu["baseline_tps"] > 0 and 0 <= cpu["data_wait"] < 1
+    steps, every = result["config"]["steps"], result["config"]["ckpt_every"]
+    assert len(ck["sync"]["stalls_s"]) == len(ck["async"]["stalls_s"]) == steps // every
+    assert ck["bytes"] > result["config"]["state_bytes"]  # the state and DCP's metadata
+    text = doc.read_text()
+    assert text.startswith("# P\n\nbefore\n") and bench.HEADING in text
+    assert text.count(bench.MARK) == 2 and "| (b) loop blocked per checkpoint" in text

@@ -15,10 +15,10 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import JobError
-from ..jobs import launch
 from ..jobs.config import HealthPolicy, JobConfig
 from ..jobs.drill import drill as drill_job
 from ..jobs.fault import parse_fault
+from ..jobs.launch import train
 from .exit_codes import EPILOG, ExitCode
 
 __all__ = ["add_parsers", "config_from_args"]
@@ -138,7 +138,7 @@ def config_from_args(args: argparse.Namespace, **changes: Any) -> Any:
 
 
 def run_train(args: argparse.Namespace) -> int:
-    result = launch.train(config_from_args(args), quiet=args.quiet or args.json)
+    result = train(config_from_args(args), quiet=args.quiet or args.json)
     summary = result.summary
     if args.json:
         print(json.dumps({"status": "ok", "exit_code": 0, "run": str(result.run), **summary}))

@@ -157,3 +157,19 @@ def test_the_cuda_engine_without_a_gpu_names_the_engines_that_run_here(tokens, t
     write_job(prepared, tmp_path / "run", {"epoch": 0.0})
     with pytest.raises(BackendError, match="--engine cpu"):
         TorchEngine(read_job(tmp_path / "run"), device_type="cuda", timeout_s=5)
+
+
+def test_a_checkpoint_of_another_program_is_refused_before_any_rank_starts(tokens, tmp_path):
+    import torch
+
+    from portable.errors import CheckpointError
+    from portable.jobs.checkpoint import CheckpointStore
+    from portable.jobs.launch import _check_resumable
+
+    store = CheckpointStore(tmp_path / "other" / "checkpoints")
+    meta = {"identity": {"name": "TinyLlama.train_step", "structure_hash": "0" * 64}}
+    store.save(3, {"w": torch.zeros(2)}, meta).wait()
+    step = tmp_path / "other" / "checkpoints" / "step-3"
+    prepared = prepare_job(_config(tokens, tmp_path, resume_from=str(step)))
+    with pytest.raises(CheckpointError, match="a checkpoint of another program"):
+        _check_resumable(prepared, tmp_path / "run")

@@ -138,6 +138,7 @@ class _Job:
                     if action == "rollback":
                         prefetcher.close()
                         step = self.checkpointed
+                        self.out.open_metrics(resume_after=step)  # the steps are redone
                         prefetcher = self._prefetcher(step)
                         continue
                 if self._eval_due(k):

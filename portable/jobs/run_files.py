@@ -70,7 +70,11 @@ class RunFiles:
     # ------------------------------------------------------------------ steps
 
     def open_metrics(self, *, resume_after: int) -> None:
+        """Open metrics.jsonl keeping the lines of steps up to `resume_after` (a resumed or
+        rolled-back job redoes the later ones, so each step keeps one line)."""
         if self.lead:
+            if self.metrics is not None:
+                self.metrics.close()
             path = self.run / "metrics.jsonl"
             self.metrics = MetricsLog(path, resume_after=resume_after if path.exists() else None)
 

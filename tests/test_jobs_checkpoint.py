@@ -204,7 +204,7 @@ def _replace_metadata(step: Path, data: bytes) -> None:
 
 
 def _real_metadata(step: Path) -> object:
-    return pickle.loads((step / ".metadata").read_bytes())  # our own file, trusted here
+    return read_metadata(step)  # through the safe reader, as every load
 
 
 def _traversal(step: Path) -> bytes:

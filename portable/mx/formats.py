@@ -18,7 +18,7 @@ from portable.errors import InputError
 
 __all__ = ["FORMATS", "MXFormat", "SCALE_RULES", "get_format"]
 
-SCALE_RULES = ("floor", "rceil", "ceil", "even")
+SCALE_RULES = ("floor", "rceil", "ceil", "even", "emax")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -8,6 +8,8 @@ block's amax (`|x|` bits, so NaN > +Inf > every finite value as int32) and never
     rceil  b = min(C(fp32(amax * fp32(1/max))), 254)  (NVIDIA's rule: never clips)
     even   b = min(max(E(R(amax)) - emax, 0), 254)    R() rounds to mbits mantissa, ties up
                                                       (MXINT8 counts as E1M6: mbits 6)
+    emax   b = min(max(E(amax) - emax + 1, 0), 254)   floor's scale doubled: Trainium3's
+                                                      QuantizeMX "EMAX" (NKI quantize_mx)
 
 A block whose amax is Inf or NaN gets 255 and dequantizes to NaN (the spec's NaN scale;
 Transformer Engine instead saturates Inf to +-max with b = 254). An all-zero block gets 0 under
@@ -58,6 +60,8 @@ def scale_bytes(amax_bits: torch.Tensor, fmt: MXFormat, rule: str) -> torch.Tens
         b = ceil_byte(d).clamp_(max=254)
     elif rule == "even":
         b = (even_exponent(amax_bits, fmt.mbits) - fmt.emax).clamp_(0, 254)
+    elif rule == "emax":
+        b = ((amax_bits >> 23) - (fmt.emax - 1)).clamp_(0, 254)
     else:
         raise ValueError(rule)
     return b.masked_fill_(amax_bits >= INF_BITS, 255)

@@ -173,6 +173,8 @@ def scale_bytes(amax: jax.Array, fmt: MXFormat, rule: str) -> jax.Array:
         b = (amax >> 23) - fmt.emax
     elif rule == "ceil":
         b = _ceil_byte(amax) - fmt.emax
+    elif rule == "emax":  # floor's scale doubled (Trainium3's QuantizeMX "EMAX")
+        b = (amax >> 23) - (fmt.emax - 1)
     elif rule == "even":  # round amax to mbits mantissa bits (ties up; a subnormal by its value)
         inc = select(amax < HIDDEN, 1 << (21 - fmt.mbits), 1 << (22 - fmt.mbits))
         b = ((amax + inc) >> 23) - fmt.emax

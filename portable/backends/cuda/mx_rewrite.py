@@ -18,8 +18,6 @@ why. On archs without native MX every match is recorded as emulated. The GEMM it
 
 from __future__ import annotations
 
-import dataclasses
-
 import torch
 
 from portable.ir.rewriter import Rewriter
@@ -27,6 +25,9 @@ from portable.ir.signature import TensorSpec
 from portable.ir.source import source_of
 from portable.opset.bind import bind
 
+from ..mx_match import Dim
+from ..mx_match import MXOperand as _MXOperand
+from ..mx_match import mx_operand as _operand
 from .decisions import Decision
 from .dispatch import KERNEL_OPS
 from .mx_gemm import NATIVE_FORMATS
@@ -35,76 +36,6 @@ from .targets import CudaArch
 __all__ = ["rewrite_mx_matmuls"]
 
 aten = torch.ops.aten
-_TRANSPOSES = {aten.t.default, aten.permute.default, aten.transpose.int}
-
-
-Dim = int | str  # a recorded dim: an int, or a symbol's name (dynamic)
-
-
-@dataclasses.dataclass(frozen=True)
-class _MXOperand:
-    """A 2-D mx_dequantize read by a matmul: its codes and scales, format, output dtype, block
-    size, blocked dim (0 or 1) and recorded shape. `flip`: whether codes and scales need a
-    transpose to be [rows, K] blocked along dim 1 (set by `_operand`)."""
-
-    codes: torch.fx.Node
-    scales: torch.fx.Node
-    format: str
-    dtype: torch.dtype
-    block: int
-    axis: int
-    shape: tuple[Dim, Dim]
-    flip: bool = False
-
-
-def _dequantize(node: torch.fx.Node | None) -> _MXOperand | None:
-    """The 2-D mx_dequantize that `node` is, with its operands."""
-    if node is None or node.op != "call_function":
-        return None
-    if node.target is not torch.ops.portable.mx_dequantize.default:
-        return None
-    shape = tuple(node.meta["tensor"].shape)
-    if len(shape) != 2:
-        return None
-    args = bind(node)
-    return _MXOperand(
-        codes=args.node("codes"),
-        scales=args.node("scales"),
-        format=args.literal("format"),
-        dtype=args.literal("dtype"),
-        block=args.literal("block_size"),
-        axis=args.literal("axis") % 2,
-        shape=(shape[0], shape[1]),
-    )
-
-
-def _transposed(node: torch.fx.Node) -> torch.fx.Node | None:
-    """x if `node` is a 2-D transpose of x."""
-    if node.op != "call_function" or node.target not in _TRANSPOSES:
-        return None
-    args = bind(node)
-    if node.target is aten.permute.default:
-        swaps = [d % 2 for d in args.literal("dims")] == [1, 0]
-    elif node.target is aten.transpose.int:
-        swaps = {args.literal("dim0") % 2, args.literal("dim1") % 2} == {0, 1}
-    else:  # t
-        swaps = True
-    return args.node("self") if swaps else None
-
-
-def _operand(node: torch.fx.Node, contraction: int) -> _MXOperand | None:
-    """A matmul operand that is a dequantized MX tensor blocked along the GEMM's contraction
-    dim (`contraction` = 1 for the lhs [M, K], 0 for the rhs [K, N]), directly or through a
-    transpose. Returns it oriented as [rows, K] blocked along dim 1 (what the native GEMM takes:
-    the lhs as is, the rhs as its [N, K] transpose), with `flip` saying whether the codes and
-    scales need a transpose to get there."""
-    direct = _dequantize(node)
-    if direct is not None and direct.axis == contraction:
-        return dataclasses.replace(direct, flip=contraction == 0)
-    inner = _dequantize(_transposed(node))
-    if inner is not None and inner.axis == 1 - contraction:
-        return dataclasses.replace(inner, flip=contraction == 1)
-    return None
 
 
 def _t(rw: Rewriter, x: torch.fx.Node) -> torch.fx.Node:

@@ -7,6 +7,8 @@ wants a tuple). Python stack frames are left out of locations (traceback limit 0
 the lowering rules, not at the user's code, and would make the bytes depend on where `portable`
 is installed. What remains is deterministic: each instruction's metadata op_name
 `jit(fn)/<node name>/<primitive>`, which the validator maps back to the node and the user's line.
+The module id (a process-wide counter) is dropped, and each collective's replica groups are
+written in both the new and the deprecated proto field (proto_groups.py).
 
 jax.jit drops inputs the program never reads (batch-norm counters in eval mode, for instance)
 unless it is told to keep them; `HloArtifacts.kept` records which signature inputs are HLO
@@ -23,6 +25,9 @@ import dataclasses
 from typing import TYPE_CHECKING, Any
 
 from portable.ir.program import Program
+
+from .proto_groups import fill_replica_groups
+from .wire import drop_field
 
 if TYPE_CHECKING:
     import jax
@@ -68,7 +73,8 @@ def lower_to_hlo(
     computation = xla_client._xla.mlir.mlir_module_to_xla_computation(
         bytecode, use_tuple_args=False, return_tuple=True
     )
-    proto = _drop_field(computation.as_serialized_hlo_module_proto(), _MODULE_ID)
+    proto = drop_field(computation.as_serialized_hlo_module_proto(), _MODULE_ID)
+    proto = fill_replica_groups(proto)  # both proto fields, for older compilers (proto_groups.py)
     return HloArtifacts(proto, stablehlo, kept, rank_parameter)
 
 
@@ -118,39 +124,3 @@ def _kept_inputs(lowered: jax.stages.Lowered, count: int) -> tuple[int, ...]:
 # only part of the proto that differs between two lowerings of the same program. Zero (absent) is
 # its default; nothing reads it.
 _MODULE_ID = 5
-
-
-def _drop_field(message: bytes, number: int) -> bytes:
-    """The protobuf `message` without its top-level fields numbered `number` (wire format)."""
-    out, i = bytearray(), 0
-    while i < len(message):
-        start = i
-        key, i = _varint(message, i)
-        wire = key & 7
-        if wire == 0:  # varint
-            _, i = _varint(message, i)
-        elif wire == 1:  # 64-bit
-            i += 8
-        elif wire == 2:  # length-delimited
-            size, i = _varint(message, i)
-            i += size
-        elif wire == 5:  # 32-bit
-            i += 4
-        else:
-            raise ValueError(f"unexpected protobuf wire type {wire} at byte {start}")
-        if key >> 3 != number:
-            out += message[start:i]
-    if i != len(message):
-        raise ValueError("truncated protobuf message")
-    return bytes(out)
-
-
-def _varint(data: bytes, i: int) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[i]
-        i += 1
-        value |= (byte & 0x7F) << shift
-        if not byte & 0x80:
-            return value, i
-        shift += 7

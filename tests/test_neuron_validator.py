@@ -306,7 +306,8 @@ def test_lossy_integer_work_is_a_warning():
     body = """  %p = f32[4]{0} parameter(0)
   %i = s32[4,4]{1,0} constant({{1,2,3,4},{1,2,3,4},{1,2,3,4},{1,2,3,4}})
   %d = s32[4,4]{1,0} dot(%i, %i), lhs_contracting_dims={1}, rhs_contracting_dims={0}
-  %l = s64[4,4]{1,0} convert(%d)
+  %w = s64[4,4]{1,0} convert(%d)
+  %l = s64[4,4]{1,0} multiply(%w, %w)
   %ar = s32[4,4]{1,0} all-reduce(%d), replica_groups={{0}}, to_apply=%add
   %one = s32[] constant(1)
   %ia = s32[1,4,6,6]{3,2,1,0} broadcast(%one), dimensions={}
@@ -321,7 +322,7 @@ def test_lossy_integer_work_is_a_warning():
         ("fp32-accumulation", "d"),
         ("fp32-accumulation", "ar"),
         ("fp32-accumulation", "c"),  # an integer convolution is an integer dot
-        ("int64-downcast", "l"),
+        ("int64-downcast", "l"),  # s32 x s32 in int64 can exceed 2^31 (`w` alone cannot)
     }
     assert any("exact only below 2^24" in f.what for f in findings)
 
@@ -378,3 +379,70 @@ def test_validation_error_lists_every_finding(tmp_path):
     )
     assert "node `mul`" in str(error) and "fp64='downcast'" in str(error)
     assert not (tmp_path / "manifest.json").exists()
+
+
+# -- int64 values: proved in range, or warned about --------------------------------------------
+
+ADD64 = """%add64 (a: s64[], b: s64[]) -> s64[] {
+  %a = s64[] parameter(0)
+  %b = s64[] parameter(1)
+  ROOT %s = s64[] add(%a, %b)
+}
+"""
+
+
+def _int64_warnings(body: str, result: str, params: str) -> set[str]:
+    module = _module(_entry(result, body, params), computations=ADD64)
+    findings = _findings(module)
+    assert _codes(findings) == []
+    return {f.instruction for f in findings if f.code == "int64-downcast"}
+
+
+def test_int64_sum_of_an_unknown_input_warns():
+    body = """  %x = s64[1024]{0} parameter(0)
+  %zero = s64[] constant(0)
+  %sum = s64[] reduce(%x, %zero), dimensions={0}, to_apply=%add64
+  ROOT %t = (s64[]) tuple(%sum)"""
+    assert _int64_warnings(body, "s64[]", "x: s64[1024]") == {"sum"}
+
+
+def test_int64_values_bounded_by_static_shapes_are_proved():
+    # position counters (iota), cumsum of a 0/1 mask (<= its length), clamp with constant
+    # bounds, converts from int32, compares: none can leave 32 bits
+    body = """  %m = pred[512]{0} parameter(0)
+  %x = s64[512]{0} parameter(1)
+  %pos = s64[512]{0} iota(), iota_dimension=0
+  %ones = s64[512]{0} convert(%m)
+  %zero = s64[] constant(0)
+  %cum = s64[512]{0} reduce-window(%ones, %zero), window={size=512 pad=511_0}, to_apply=%add64
+  %lo = s64[] constant(-5)
+  %hi = s64[] constant(70000)
+  %lob = s64[512]{0} broadcast(%lo), dimensions={}
+  %hib = s64[512]{0} broadcast(%hi), dimensions={}
+  %cl = s64[512]{0} clamp(%lob, %x, %hib)
+  %s = s64[512]{0} add(%pos, %cum)
+  %t2 = s64[512]{0} add(%s, %cl)
+  %count = s64[] reduce(%ones, %zero), dimensions={0}, to_apply=%add64
+  ROOT %t = (s64[512]{0}, s64[]) tuple(%t2, %count)"""
+    assert _int64_warnings(body, "s64[512], s64[]", "m: pred[512], x: s64[512]") == set()
+
+
+def test_int64_indices_into_a_table_are_proved_by_their_use():
+    # torch's embedding / nll_loss: an unknown int64 token id, negative ids wrapped (+ table
+    # size), an ignore_index replaced, then the gather index: only its use bounds it
+    body = """  %table = f32[128,8]{1,0} parameter(0)
+  %ids = s64[16]{0} parameter(1)
+  %zero = s64[] constant(0)
+  %zeros = s64[16]{0} broadcast(%zero), dimensions={}
+  %neg = pred[16]{0} compare(%ids, %zeros), direction=LT
+  %n = s64[] constant(128)
+  %ns = s64[16]{0} broadcast(%n), dimensions={}
+  %wrapped = s64[16]{0} add(%ids, %ns)
+  %ix = s64[16]{0} select(%neg, %wrapped, %ids)
+  %ix2 = s64[16,1]{1,0} reshape(%ix)
+  %g = f32[16,8]{1,0} gather(%table, %ix2), offset_dims={1}, collapsed_slice_dims={0}, start_index_map={0}, index_vector_dim=1, slice_sizes={1,8}
+  %twice = s64[16]{0} multiply(%ids, %ids)
+  ROOT %t = (f32[16,8]{1,0}, s64[16]{0}) tuple(%g, %twice)"""
+    params = "table: f32[128,8], ids: s64[16]"
+    # the index chain is proved; the squared ids (an output) are not
+    assert _int64_warnings(body, "f32[16,8], s64[16]", params) == {"twice"}

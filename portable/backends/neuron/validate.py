@@ -21,6 +21,7 @@ from portable.ir.signature import InputSpec
 
 from .findings import Finding, Locator, NeuronValidationError, Place, Severity, merge
 from .hlo import HloModule, Instruction
+from .int_ranges import IntRanges
 from .loops import constant_trip_count
 from .memory import MemoryEstimate, estimate_memory
 from .options import NeuronOptions
@@ -351,17 +352,18 @@ def dtypes(ctx: Context) -> Iterator[Finding]:
 
 
 def int64_values(ctx: Context) -> Iterator[Finding]:
-    for ins in ctx.module.instructions():
-        if ins.opcode in ("parameter", "constant", "tuple", "get-tuple-element"):
-            continue
-        if ins.elements & {"s64", "u64"}:
-            yield ctx.warning(
-                ins,
-                "int64-downcast",
-                "int64 value computed on device; with --native-int64=disabled "
-                "--implicit-integer-downcast=all neuronx-cc computes it in int32",
-                "keep indices and counters below 2^31, or compute them in int32 explicitly",
-            )
+    ranges = IntRanges(ctx.module)
+    for ins in ranges.unproved():
+        known = ranges.interval(ins)
+        shown = f" (known range [{known.lo}, {known.hi}])" if known is not None else ""
+        yield ctx.warning(
+            ins,
+            "int64-downcast",
+            f"int64 value not proved to fit in 32 bits{shown}: with --native-int64=disabled "
+            "(and always on trn1) neuronx-cc computes it in int32, so values beyond 2^31 wrap",
+            "keep the values below 2^31 (int64 indices into tables and counters over static "
+            "shapes are proved safe), or compute them in int32 explicitly",
+        )
 
 
 def fp32_accumulation(ctx: Context) -> Iterator[Finding]:

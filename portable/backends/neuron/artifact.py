@@ -44,6 +44,7 @@ class NeuronProgram:
     rank_parameter: int | None = None
     rank_axes: tuple[str, ...] = ()
     collectives: tuple[dict[str, Any], ...] = ()
+    mx_gemms: tuple[Any, ...] = ()  # mx_native.MXGemm per MX GEMM: native or emulated, why
 
     @property
     def command_txt(self) -> str:

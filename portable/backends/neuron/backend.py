@@ -124,7 +124,13 @@ class NeuronBackend(Backend):
         from .iospec import io_spec
         from .validate import check_findings, validate_lowered
 
-        hlo = lower_to_hlo(lowered_program, self.platform, collectives, rank_input=bool(axes))
+        from .mx_native import gemm_rules, lower_mx_gemms
+
+        lowered_program, mx_gemms = lower_mx_gemms(lowered_program, ntarget, self.options)
+        impl = "stand-in" if self.options.mx == "stand-in" else "custom-call"
+        hlo = lower_to_hlo(
+            lowered_program, self.platform, collectives, bool(axes), gemm_rules(impl)
+        )
         text = proto_to_text(hlo.proto)  # read back from the bytes that are written
         module = parse_hlo_text(text)
         kept = hlo.kept
@@ -154,6 +160,7 @@ class NeuronBackend(Backend):
             rank_parameter=hlo.rank_parameter,
             rank_axes=tuple(axes) if hlo.rank_parameter is not None else (),
             collectives=tuple(collectives.emitted) if collectives is not None else (),
+            mx_gemms=mx_gemms,
         )
 
     def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:

@@ -45,12 +45,17 @@ class HloArtifacts:
 
 
 def lower_to_hlo(
-    program: Program, platform: str = "neuron", collectives: Any = None, rank_input: bool = False
+    program: Program,
+    platform: str = "neuron",
+    collectives: Any = None,
+    rank_input: bool = False,
+    rules: Any = None,
 ) -> HloArtifacts:
     """Lower `program` for `platform` and convert it to a tuple-rooted HloModuleProto.
 
     `collectives`: how a per-rank program's collectives lower (collectives.py); `rank_input`:
-    trace with the int32 rank as the last argument, bound with `collectives.with_rank`."""
+    trace with the int32 rank as the last argument, bound with `collectives.with_rank`; `rules`:
+    rules of the backend's own graph targets (native MX GEMMs, mx_native.py)."""
     from jax._src import config as jax_config
     from jax._src.interpreters import mlir
     from jax._src.lib import xla_client
@@ -60,7 +65,12 @@ def lower_to_hlo(
     count = len(program.signature.inputs)
     with jax_config.traceback_in_locations_limit(0):
         lowered = lower(
-            program, platform, donate=True, collectives=collectives, rank_input=rank_input
+            program,
+            platform,
+            donate=True,
+            collectives=collectives,
+            rank_input=rank_input,
+            rules=rules,
         )
         numbers = _kept_inputs(lowered, count + rank_input)
         kept = tuple(k for k in numbers if k < count)

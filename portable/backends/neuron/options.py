@@ -13,6 +13,7 @@ _CHOICES = {
     "model_type": ("transformer", "generic", "unet-inference"),
     "auto_cast": ("none", "matmult", "all"),
     "optlevel": (1, 2, 3),
+    "mx": ("native", "emulate", "stand-in"),
 }
 
 
@@ -26,6 +27,10 @@ class NeuronOptions:
     (1 - headroom) x budget is a warning, above the budget an error.
     `max_instructions` is the HLO instruction count above which the graph-size warning fires.
     `visible_cores` is the NEURON_RT_VISIBLE_CORES the manifest recommends.
+    `mx`: how MX GEMMs lower on a target with MX (trn3; mx_native.py). "native": QuantizeMX +
+    `__op$block_scaled_dot` where the recipe fits them; "emulate": integer HLO everywhere;
+    "stand-in": the native structure with each custom call replaced by its XLA:CPU stand-in
+    (runs here, for parity; not a compiler input).
     """
 
     fp64: str = "downcast"
@@ -35,6 +40,7 @@ class NeuronOptions:
     hbm_headroom: float = 0.1
     max_instructions: int = 150_000
     visible_cores: str = "0"
+    mx: str = "native"
 
     def __post_init__(self) -> None:
         for field, allowed in _CHOICES.items():

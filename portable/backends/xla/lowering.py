@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import difflib
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 import jax
@@ -44,11 +44,16 @@ def _missing(node: torch.fx.Node, name: str, platform: str, known: frozenset[str
     )
 
 
-def _resolve(program: Program, platform: str) -> dict[torch.fx.Node, Callable]:
+def _resolve(
+    program: Program, platform: str, extra: Mapping[Any, Callable] | None = None
+) -> dict[torch.fx.Node, Callable]:
     table = load_rules()
     rules = {}
     for node in program.graph.nodes:
         if node.op != "call_function" or node.target is operator.getitem:
+            continue
+        if extra and node.target in extra:  # a backend's own node (not an opset op)
+            rules[node] = extra[node.target]
             continue
         name = op_name(node.target)
         rule = table.get(name, platform)
@@ -58,11 +63,18 @@ def _resolve(program: Program, platform: str) -> dict[torch.fx.Node, Callable]:
     return rules
 
 
-def jax_function(program: Program, platform: str, collectives: Any = None) -> Callable[..., tuple]:
+def jax_function(
+    program: Program,
+    platform: str,
+    collectives: Any = None,
+    rules: Mapping[Any, Callable] | None = None,
+) -> Callable[..., tuple]:
     """A JAX-traceable function of the flat graph inputs returning the flat outputs.
 
-    `collectives` lowers the portable collectives of a per-rank program (see RuleContext)."""
-    rules = _resolve(program, platform)
+    `collectives` lowers the portable collectives of a per-rank program (see RuleContext);
+    `rules` maps node targets outside the opset that a backend put in the graph to their rules
+    (the neuron backend's native MX GEMMs), ahead of the table."""
+    rules = _resolve(program, platform, rules)
     nodes = list(program.graph.nodes)
 
     def fn(*flat):
@@ -134,11 +146,13 @@ def lower(
     donate: bool = True,
     collectives: Any = None,
     rank_input: bool = False,
+    rules: Mapping[Any, Callable] | None = None,
 ) -> jax.stages.Lowered:
     """Trace the program with jax.jit and lower it (StableHLO; `.compiler_ir("hlo")` for HLO).
 
     `rank_input`: one more argument after the signature's inputs, the int32 rank (`rank_id`),
-    bound into the collectives with `collectives.with_rank` (per-rank Neuron HLO)."""
+    bound into the collectives with `collectives.with_rank` (per-rank Neuron HLO); `rules` as
+    in `jax_function`."""
     if program.metadata.get("symbolic_dims"):
         raise LoweringError(
             f"{program.name} has dynamic dims {sorted(program.metadata['symbolic_dims'])}",
@@ -151,11 +165,11 @@ def lower(
         def fn(*flat, rank_id):
             # the rank is bound per trace; a keyword argument is flattened after the inputs and
             # named `rank_id` in the HLO metadata
-            return jax_function(program, platform, collectives.with_rank(rank_id))(*flat)
+            return jax_function(program, platform, collectives.with_rank(rank_id), rules)(*flat)
 
         extra["rank_id"] = jax.ShapeDtypeStruct((), "int32")
     else:
-        fn = jax_function(program, platform, collectives)
+        fn = jax_function(program, platform, collectives, rules)
     with jax.enable_x64(True):
         jitted = jax.jit(fn, donate_argnums=donated(program) if donate else ())
         return jitted.lower(*abstract_inputs(program), **extra)

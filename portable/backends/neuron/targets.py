@@ -42,7 +42,8 @@ TARGETS: dict[str, NeuronTarget] = {
             logical_nc_config=2,
             hbm_per_core_bytes=36 * GiB,
             hbm_basis="Trainium3: 144 GiB HBM per chip, 4 logical cores at LNC=2",
-            fp8_types=frozenset({"f8e4m3fn", "f8e5m2"}),
+            # EVRF051/052: e4m3fn is Trn3+, e4m3 up to Trn3: Trn3 takes both (validate_ops.py)
+            fp8_types=frozenset({"f8e4m3fn", "f8e4m3", "f8e5m2"}),
             mx=True,
             cores_per_chip=4,
             chips_per_node=16,

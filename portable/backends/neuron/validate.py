@@ -3,16 +3,18 @@
 Runs on the HLO module read back from the written proto, on every neuron lowering. Each check is a
 function `check(ctx) -> findings`; `CHECKS` lists them in order. Errors (dynamic shapes, opcodes
 or custom calls outside the allow-lists, `conditional`, `while` without a constant trip count,
-variadic reduce, non-default RNG, dilated windows, number formats the generation lacks, state
-that is not an aliased parameter, HBM over budget) stop the lowering; warnings (values the
-compiler downcasts or accumulates in FP32, graph size, HBM headroom) go into the manifest.
-The rules come from the Neuron contract (shared/reference/neuron.md, "What the compiler rejects").
+variadic reduce, non-default RNG, windows, shifts and sort comparators the compiler refuses,
+number formats the generation lacks, state that is not an aliased parameter, HBM over budget)
+stop the lowering; warnings (int64 values not proved to fit 32 bits, integer work computed in
+FP32, graph size, HBM headroom) go into the manifest. Each rule cites its source (an NCC code of
+the Neuron error-code reference, or the page it comes from): docs/backends/neuron.md lists them.
+Single-operation rules live in validate_ops.py, collectives in validate_collectives.py, the
+program interface and HBM in validate_program.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import re
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
@@ -27,6 +29,7 @@ from .memory import MemoryEstimate, estimate_memory
 from .options import NeuronOptions
 from .targets import NeuronTarget
 from .validate_collectives import COLLECTIVES, collectives
+from .validate_ops import dtypes, shifts, sorts, windows
 from .validate_program import hbm_budget, interface
 
 __all__ = [
@@ -62,12 +65,15 @@ ALLOWED_CUSTOM_CALLS = frozenset(
     AwsNeuronErf AwsNeuronGelu AwsNeuronGeluApprxTanh AwsNeuronGeluBackward AwsNeuronSilu
     AwsNeuronSiluBackward AwsNeuronRmsNorm AwsNeuronSoftmax AwsNeuronSoftmaxBackward
     AwsNeuronCollectiveMatmul AwsNeuronIntMatmult AwsNeuronArgMax AwsNeuronArgMin AwsNeuronTopK
-    AwsNeuronDropoutMaskV1 AwsNeuronCustomNativeKernel AwsNeuronCustomOp ResizeNearest
-    ResizeBilinear
+    AwsNeuronDropoutMaskV1 AwsNeuronCustomNativeKernel AwsNeuronCustomOp AwsNeuronDevicePrint
+    ResizeNearest ResizeBilinear ResizeNearestGrad AwsNeuronLNCShardingConstraint
+    AwsNeuronTransferWithStaticRing
+    AwsNeuronModuleMarkerStart-Forward AwsNeuronModuleMarkerStart-Backward
+    AwsNeuronModuleMarkerEnd-Forward AwsNeuronModuleMarkerEnd-Backward
+    NeuronBoundaryMarker-Start NeuronBoundaryMarker-End
     """.split()
-)
-# module / boundary markers (AwsNeuronModuleMarkerStartForward, ...EndBackward, ...)
-_MARKER_PREFIXES = ("AwsNeuronModuleMarker", "NeuronBoundaryMarker")
+)  # exactly the targets NCC_EHCA005 / NCC_EVRF015 list (Neuron 2.32 error-code reference)
+_UNKNOWN_CUSTOM_CALL = "NCC_EHCA005 or NCC_EVRF015"  # both pages, same message and list
 _MX_CUSTOM_CALLS = frozenset({"QuantizeMX", "__op$block_scaled_dot"})  # Trn3 MX only
 
 # opcodes with a dedicated explanation; anything else off the allow-list is "unsupported-opcode"
@@ -284,29 +290,7 @@ def random_numbers(ctx: Context) -> Iterator[Finding]:
                 "rng-algorithm",
                 f"rng-bit-generator with algorithm {algorithm}; neuronx-cc takes the default only",
                 "use the default algorithm (JAX: the `rbg` PRNG implementation)",
-            )
-
-
-def windows(ctx: Context) -> Iterator[Finding]:
-    for ins in ctx.module.instructions():
-        if ins.opcode not in ("convolution", "reduce-window"):
-            continue
-        window = _window(ins.attrs.get("window", ""))
-        lhs, rhs = _dilated(window.get("lhs_dilate")), _dilated(window.get("rhs_dilate"))
-        if ins.opcode == "convolution" and lhs and rhs:
-            yield ctx.error(
-                ins,
-                "conv-dilation",
-                "convolution with both input (lhs) and kernel (rhs) dilation",
-                "split it: dilate the input explicitly (pad/scatter), then a conv with only "
-                "kernel dilation",
-            )
-        elif ins.opcode == "reduce-window" and (lhs or rhs):
-            yield ctx.error(
-                ins,
-                "reduce-window-dilation",
-                "reduce-window (pooling) with dilation",
-                "use an undilated window (gather the dilated elements first)",
+                ncc="NCC_EVRF006",
             )
 
 
@@ -315,7 +299,7 @@ def custom_calls(ctx: Context) -> Iterator[Finding]:
         if ins.opcode != "custom-call":
             continue
         name = ins.custom_call_target or ""
-        if name in ALLOWED_CUSTOM_CALLS or name.startswith(_MARKER_PREFIXES):
+        if name in ALLOWED_CUSTOM_CALLS:
             continue
         if name in _MX_CUSTOM_CALLS:
             if not ctx.target.mx:
@@ -336,19 +320,13 @@ def custom_calls(ctx: Context) -> Iterator[Finding]:
             what = f"host callback `{name}` inside the program"
             fix = "remove host callbacks (print, debug, pure_callback) from the captured step"
         else:
-            what = f"custom call `{name}` is not on the Neuron allow-list"
-            fix = "lower the op with standard HLO or an allow-listed AwsNeuron* custom call"
-        yield ctx.error(ins, "custom-call", what, fix, ncc="NCC_EVRF001")
-
-
-def dtypes(ctx: Context) -> Iterator[Finding]:
-    target = ctx.target
-    for ins in _values(ctx.module):
-        for element in sorted(ins.elements):
-            problem = _dtype_problem(element, target, ctx.options)
-            if problem is not None:
-                code, what, fix = problem
-                yield ctx.error(ins, code, what, fix)
+            what = f"custom call `{name}` is not one of the targets neuronx-cc recognises"
+            fix = (
+                "lower the op with standard HLO or an allow-listed custom call "
+                "(validate.ALLOWED_CUSTOM_CALLS; marker names are exact, e.g. "
+                "AwsNeuronModuleMarkerStart-Forward)"
+            )
+        yield ctx.error(ins, "custom-call", what, fix, ncc=_UNKNOWN_CUSTOM_CALL)
 
 
 def int64_values(ctx: Context) -> Iterator[Finding]:
@@ -369,19 +347,24 @@ def int64_values(ctx: Context) -> Iterator[Finding]:
 def fp32_accumulation(ctx: Context) -> Iterator[Finding]:
     for ins in ctx.module.instructions():
         integer = any(e[0] in "su" for e in ins.elements)
-        kind = None
+        kind = ncc = None
         if ins.opcode in ("dot", "convolution") and integer:
-            kind = f"integer {ins.opcode}"
+            kind, ncc = f"integer {ins.opcode}", "NCC_EVRF035"
         elif ins.opcode == "scatter" and integer and _combiner(ctx.module, ins) == "add":
-            kind = "integer scatter-add"
-        elif ins.opcode in ("all-reduce", "reduce-scatter", "all-reduce-start") and integer:
-            kind = f"integer {ins.opcode}"
+            kind, ncc = "integer scatter-add", "NCC_EVRF060"
+        elif ins.opcode in ("all-reduce", "all-reduce-start") and integer:
+            kind, ncc = f"integer {ins.opcode}", "NCC_EVRF061"
+        elif ins.opcode == "reduce-scatter" and integer:
+            kind, ncc = "integer reduce-scatter", "NCC_EVRF063"
         if kind:
+            # with the pinned --implicit-integer-downcast=all the compiler warns; with =none
+            # (the announced next default) these are the errors named by `ncc`
             yield ctx.warning(
                 ins,
                 "fp32-accumulation",
                 f"{kind}: Neuron computes it in FP32, exact only below 2^24",
                 "keep the integer values below 2^24, or compute in float32 explicitly",
+                ncc=ncc,
             )
 
 
@@ -391,11 +374,12 @@ def graph_size(ctx: Context) -> Iterator[Finding]:
         yield ctx.warning(
             None,
             "graph-size",
-            f"{count} HLO instructions (> {ctx.options.max_instructions}): compile time and "
-            "host memory grow with size; neuronx-cc has instruction-count limits",
+            f"{count} HLO instructions (> {ctx.options.max_instructions}, a heuristic: no HLO "
+            "instruction limit is published): compile time and host memory grow with size, "
+            "and the instructions neuronx-cc generates from it have a limit",
             "cut the model into pipeline stages (a plan with a pp axis) or fewer layers per "
             "program",
-            ncc="NCC_EVRF007",
+            ncc="NCC_EVRF007",  # the limit on generated instructions (also EBVF030, EXTP004)
         )
 
 
@@ -406,6 +390,8 @@ CHECKS: tuple[Check, ...] = (
     reductions,
     random_numbers,
     windows,
+    shifts,
+    sorts,
     custom_calls,
     dtypes,
     int64_values,
@@ -427,65 +413,6 @@ def _values(module: HloModule) -> Iterator[Instruction]:
             yield ins
 
 
-_FNUZ = re.compile(r"fnuz$")
-
-
-def _dtype_problem(
-    element: str, target: NeuronTarget, options: NeuronOptions
-) -> tuple[str, str, str] | None:
-    """(code, what, fix) when `element` cannot be used on `target`, else None."""
-    if element == "f64":
-        if options.fp64 == "downcast":
-            fix = (
-                "the fp64 downcast should have removed it: a lowering rule made float64 "
-                "itself (report it); compute in float32 meanwhile"
-            )
-        else:
-            fix = "compute in float32, or lower with NeuronOptions(fp64='downcast')"
-        return "dtype-f64", "float64 value: no NeuronCore computes in float64", fix
-    if element in ("c64", "c128"):
-        return (
-            "dtype-complex",
-            f"complex value ({element}): Neuron does not compute with complex types",
-            "split into real and imaginary float parts",
-        )
-    if _FNUZ.search(element):
-        return (
-            "dtype-fp8-fnuz",
-            f"{element}: FP8 *FNUZ variants are not supported on any Trainium",
-            "use float8_e4m3fn (trn3) or e4m3/e5m2 (trn1, trn2)",
-        )
-    if element == "f4e2m1fn":
-        return (
-            "dtype-fp4",
-            "raw FP4 (f4e2m1fn) element type: MXFP4 exists only through MX custom calls on Trn3",
-            "quantize with the mx-quantize pass (QuantizeMX / block-scaled dot) for neuron:trn3",
-        )
-    if element == "f8e8m0fnu" and not target.mx:
-        return (
-            "dtype-fp8",
-            f"E8M0 MX scales need Trainium3 (neuron:{target.name} has no MX)",
-            "lower for neuron:trn3",
-        )
-    if element.startswith("f8") and element != "f8e8m0fnu" and element not in target.fp8_types:
-        allowed = " and ".join(sorted(target.fp8_types))
-        return (
-            "dtype-fp8",
-            f"{element} is not an FP8 format of {target.name} (it has {allowed}; E4M3FN, max "
-            "448, is Trn3 only; E4M3, max 240, is Trn1/Trn2)",
-            f"use {allowed} on neuron:{target.name}, or lower for another generation",
-        )
-    return None
-
-
 def _combiner(module: HloModule, ins: Instruction) -> str | None:
     comp = module.computation(ins.called("to_apply") or "")
     return comp.root.opcode if comp is not None else None
-
-
-def _window(text: str) -> dict[str, str]:
-    return dict(part.split("=", 1) for part in text.strip("{}").split() if "=" in part)
-
-
-def _dilated(value: str | None) -> bool:
-    return value is not None and any(int(v) != 1 for v in value.split("x") if v.isdigit())

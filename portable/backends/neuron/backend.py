@@ -122,9 +122,8 @@ class NeuronBackend(Backend):
         from .emit import lower_to_hlo
         from .hlo import parse_hlo_text, proto_to_text
         from .iospec import io_spec
-        from .validate import check_findings, validate_lowered
-
         from .mx_native import gemm_rules, lower_mx_gemms
+        from .validate import check_findings, validate_lowered
 
         lowered_program, mx_gemms = lower_mx_gemms(lowered_program, ntarget, self.options)
         impl = "stand-in" if self.options.mx == "stand-in" else "custom-call"

@@ -49,6 +49,7 @@ from jax.extend.core import Primitive
 
 from ..xla.rules import mx as mx_rules
 from ..xla.rules._util import matmul
+from .validate_mx import QUANTIZE_MX, SCALED_DOT
 
 __all__ = [
     "ELEMENT_DTYPES",
@@ -61,8 +62,6 @@ __all__ = [
     "quantize_mx",
 ]
 
-QUANTIZE_MX = "QuantizeMX"
-SCALED_DOT = "__op$block_scaled_dot"
 IMPLS = ("custom-call", "stand-in")
 BLOCK = 32
 PACK = 4  # FP8 codes per u32

@@ -29,6 +29,7 @@ from .memory import MemoryEstimate, estimate_memory
 from .options import NeuronOptions
 from .targets import NeuronTarget
 from .validate_collectives import COLLECTIVES, collectives
+from .validate_mx import mx_custom_calls
 from .validate_ops import dtypes, shifts, sorts, windows
 from .validate_program import hbm_budget, interface
 
@@ -393,6 +394,7 @@ CHECKS: tuple[Check, ...] = (
     shifts,
     sorts,
     custom_calls,
+    mx_custom_calls,
     dtypes,
     int64_values,
     fp32_accumulation,

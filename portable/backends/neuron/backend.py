@@ -78,7 +78,7 @@ class NeuronBackend(Backend):
         from .fp64 import downcast_fp64
 
         self.check_program(program, target)
-        ntarget = resolve_target(target.variant)
+        ntarget = resolve_target(target.variant, self.options.topology)
         lowered_program, notes = program, []
         if self.options.fp64 == "downcast":
             lowered_program, changed = downcast_fp64(program)
@@ -86,7 +86,7 @@ class NeuronBackend(Backend):
         from .collectives import ReplicaGroupCollectives, rank_axes, rank_layout
 
         records = []
-        layout = rank_layout(program)
+        layout = rank_layout(program, ntarget)
         if layout is not None:
             # one HLO for every rank: replica groups of NxD ranks, the rank as an int32 input
             # when a collective needs its coordinate

@@ -7,7 +7,9 @@ options recorded in the folder's `manifest.json`. Given the archive the program 
 HLO/signature interface are checked too.
 
 File checks (errors): graph.hlo present and parseable; command.txt a `neuronx-cc compile` command
-whose input exists, whose `--target` is the manifest's and whose int64 flags are pinned.
+whose input exists, whose `--target` is the manifest's and whose int64 flags are pinned for that
+target (`--implicit-integer-downcast=all`; `--native-int64=disabled` on trn2 and later only, and
+never before trn2).
 graph.hlo differing from the sha256 the manifest recorded is a warning (`artifact-modified`).
 """
 
@@ -23,7 +25,7 @@ from portable.errors import PortableError
 from portable.ir.program import Program
 
 from ..base import CheckedProgram
-from .command import HLO_FILE, INT64_FLAGS
+from .command import HLO_FILE, INT64_FLAGS, int64_flags
 from .compile import COMMAND, COMPILER, read_command
 from .findings import Finding, Severity, merge
 
@@ -85,9 +87,9 @@ def _validate_written(
         module = module_from_proto(proto)
     except Exception as exc:  # XLA's parser: a truncated or foreign file
         raise PortableError(f"graph.hlo is not a serialized HloModuleProto: {exc}") from exc
-    target = resolve_target(manifest.get("target", {}).get("variant"))
     fields = {f.name for f in dataclasses.fields(NeuronOptions)}
     options = NeuronOptions(**{k: v for k, v in manifest.get("options", {}).items() if k in fields})
+    target = resolve_target(manifest.get("target", {}).get("variant"), options.topology)
     program = archive
     if program is not None and program.content_hash != manifest.get("program", {}).get(
         "content_hash"
@@ -132,10 +134,25 @@ def _command_findings(program_dir: Path, variant: str | None) -> list[Finding]:
         problems.append(f"its input {inputs or '(none)'} is not a file of the program")
     if variant is not None and f"--target={variant}" not in argv:
         problems.append(f"its --target is not the manifest's {variant}")
-    missing = [flag for flag in INT64_FLAGS if flag not in argv]
+    problems += _int64_problems(argv, variant)
+    return [_artifact_error("artifact-command", f"{COMMAND}: {p}", fix) for p in problems]
+
+
+def _int64_problems(argv: list[str], variant: str | None) -> list[str]:
+    """The pinned int64 flags of `variant` missing from `argv`, and --native-int64 where the
+    CLI reference does not allow it (before trn2)."""
+    from .targets import TARGETS
+
+    target = TARGETS.get(variant or "")
+    wanted = int64_flags(target) if target is not None else INT64_FLAGS[1:]
+    problems = []
+    missing = [flag for flag in wanted if flag not in argv]
     if missing:
         problems.append(f"the int64 flags are not pinned ({', '.join(missing)} missing)")
-    return [_artifact_error("artifact-command", f"{COMMAND}: {p}", fix) for p in problems]
+    native = [a for a in argv if a.startswith("--native-int64")]
+    if native and target is not None and not any(f.startswith("--native") for f in wanted):
+        problems.append(f"{native[0]} is only available on trn2 and later, not {variant}")
+    return problems
 
 
 def _neuron_manifest(folder: Path) -> dict[str, Any]:

@@ -14,6 +14,12 @@ Several axes with one role are ordered as declared in the mesh (major first). Th
 of the same coordinates (row-major in mesh order, `portable.ir.sharding`) can differ from the NxD
 rank when the mesh is declared in another order; `RankLayout` keeps both.
 
+On trn1 with TP = 4, NxD's groups are not contiguous (parallel_state.initialize_model_parallel):
+each TP group is 4 cores of one trn1.32xlarge at stride 8, [[0, 8, 16, 24], [1, 9, 17, 25], ...],
+so no TP group crosses a node; `RankLayout.of(mesh, trn1)` reproduces that order when each
+pipeline stage fills whole nodes. Ranks run one per logical core, filling chips and then nodes of
+the target's topology (`placement`).
+
 Each collective lowers to the stablehlo op with `replica_groups` and no channel handle: a
 cross-replica collective over replica ids = global ranks (one replica per rank, num_replicas =
 world size), the form torch-xla hands neuronx-cc. Every rank runs the same HLO. `local_shard` (and
@@ -21,7 +27,8 @@ reduce_scatter with max/min) needs the rank's coordinate on its axis; the compil
 neither `replica-id` nor `partition-id`, so such a program takes the NxD rank as one more HLO
 parameter, an int32 scalar (`rank_id`, the last parameter), and computes the coordinate in the
 graph: coordinate(axis) = (rank_id / stride(axis)) % size(axis), stride = the product of the sizes
-of the axes after it in NxD order; the chunk is a `dynamic-slice` at coordinate * chunk size.
+of the axes after it in NxD order (a sum of such terms in trn1's TP = 4 order, where an axis is
+split around TP); the chunk is a `dynamic-slice` at coordinate * chunk size.
 """
 
 from __future__ import annotations
@@ -48,14 +55,17 @@ if TYPE_CHECKING:
 
 __all__ = [
     "ROLES",
+    "Digit",
     "RankLayout",
     "ReplicaGroupCollectives",
     "RANK_INPUT",
+    "placement",
     "rank_axes",
     "rank_layout",
 ]
 
 ROLES = ("PP", "DP", "CP", "TP")  # NxD grid order, major to minor
+_CONTIGUOUS = "row-major over [PP, DP, CP, TP], TP contiguous (NxD)"
 RANK_INPUT = "rank_id"  # the int32 HLO parameter holding the NxD rank (replica id) of the core
 _ROLE_OF = {
     "pp": "PP",
@@ -70,23 +80,36 @@ _ROLE_OF = {
 }
 
 
-def rank_layout(program: Program) -> RankLayout | None:
+def rank_layout(program: Program, target: NeuronTarget | None = None) -> RankLayout | None:
     """The rank layout of a per-rank program (`Program.is_per_rank`: a layout over more than
-    one device); None for a single-device program."""
+    one device) on `target` (None: NxD's contiguous order); None for a single-device program."""
     if program.spmd is None or not program.is_per_rank:
         return None
-    return RankLayout.of(program.spmd.mesh)
+    return RankLayout.of(program.spmd.mesh, target)
+
+
+@dataclasses.dataclass(frozen=True)
+class Digit:
+    """One digit of the NxD rank written as a mixed-radix number: `radix` values, worth
+    `weight` in the coordinate on `axis` (coordinate = sum of its digits x weights)."""
+
+    axis: str
+    radix: int
+    weight: int
 
 
 @dataclasses.dataclass(frozen=True)
 class RankLayout:
-    """The mesh's axes as NxD roles, and global ranks in NxD order."""
+    """The mesh's axes as NxD roles, and global ranks in NxD order: the rank is the mixed-radix
+    number of `digits` (major first). Contiguous NxD order has one digit per axis in `order`."""
 
     mesh: Mesh
     order: tuple[str, ...]  # mesh axes in NxD order (PP, DP, CP, TP; mesh order within a role)
+    digits: tuple[Digit, ...] = ()
+    rank_order: str = _CONTIGUOUS
 
     @staticmethod
-    def of(mesh: Mesh) -> RankLayout:
+    def of(mesh: Mesh, target: NeuronTarget | None = None) -> RankLayout:
         unknown = [a for a in mesh.names if a not in _ROLE_OF]
         if unknown:
             names = ", ".join(f"{k} ({v})" for k, v in _ROLE_OF.items())
@@ -95,7 +118,11 @@ class RankLayout:
                 fix=f"rename the axis to one of: {names}",
             )
         order = tuple(a for role in ROLES for a in mesh.names if _ROLE_OF[a] == role)
-        return RankLayout(mesh, order)
+        contiguous = tuple(Digit(a, mesh.axis_size(a), 1) for a in order)
+        layout = RankLayout(mesh, order, contiguous)
+        if target is not None and target.name == "trn1":
+            return _trn1_tp4(layout, target) or layout
+        return layout
 
     @property
     def world_size(self) -> int:
@@ -106,30 +133,46 @@ class RankLayout:
 
     def nxd_rank(self, coords: dict[str, int]) -> int:
         rank = 0
-        for axis in self.order:
-            rank = rank * self.mesh.axis_size(axis) + coords[axis]
+        for d in self.digits:
+            rank = rank * d.radix + coords[d.axis] // d.weight % d.radix
         return rank
 
-    def stride(self, axis: str) -> int:
-        """NxD rank distance between neighbours on `axis` (product of the later axes' sizes)."""
-        later = self.order[self.order.index(axis) + 1 :]
-        return math.prod(self.mesh.axis_size(a) for a in later)
+    def _places(self) -> list[int]:
+        """The rank value of one step of each digit (product of the radices after it)."""
+        return [math.prod(d.radix for d in self.digits[k + 1 :]) for k in range(len(self.digits))]
 
     def coordinate_of(self, rank: int, axis: str) -> int:
         """The coordinate on `axis` of NxD rank `rank`, as the HLO computes it from rank_id."""
-        return rank // self.stride(axis) % self.mesh.axis_size(axis)
+        return sum(
+            rank // place % d.radix * d.weight
+            for d, place in zip(self.digits, self._places(), strict=True)
+            if d.axis == axis
+        )
 
-    def coordinate_steps(self, axis: str) -> tuple[int | None, int | None]:
-        """(divisor, modulus) that turn the NxD rank into the coordinate on `axis`; None where
-        the step is the identity (the minor axis needs no division, the major one no modulus)."""
-        size, stride = self.mesh.axis_size(axis), self.stride(axis)
-        return (stride if stride > 1 else None), (size if stride * size < self.world_size else None)
+    def coordinate_terms(self, axis: str) -> tuple[tuple[int | None, int | None, int], ...]:
+        """(divisor, modulus, weight) per digit of `axis`: coordinate = sum of
+        (rank / divisor % modulus) * weight; None where the step is the identity (the minor
+        digit needs no division, the major one no modulus)."""
+        return tuple(
+            (
+                place if place > 1 else None,
+                d.radix if place * d.radix < self.world_size else None,
+                d.weight,
+            )
+            for d, place in zip(self.digits, self._places(), strict=True)
+            if d.axis == axis
+        )
 
     def coordinate_formula(self, axis: str) -> str:
-        divisor, modulus = self.coordinate_steps(axis)
-        return (
-            RANK_INPUT + (f" / {divisor}" if divisor else "") + (f" % {modulus}" if modulus else "")
-        )
+        terms = []
+        for divisor, modulus, weight in self.coordinate_terms(axis):
+            term = (
+                RANK_INPUT
+                + (f" / {divisor}" if divisor else "")
+                + (f" % {modulus}" if modulus else "")
+            )
+            terms.append(term if weight == 1 else f"({term}) * {weight}")
+        return " + ".join(terms)
 
     def nxd_of_portable(self, rank: int) -> int:
         return self.nxd_rank(coords_of(self.mesh, rank))
@@ -148,10 +191,8 @@ class RankLayout:
 
     def placement(self, target: NeuronTarget, rank: int) -> dict[str, int]:
         """Where NxD rank `rank` runs: one rank per logical core, cores filling chips, chips
-        filling nodes (target.cores_per_chip, target.chips_per_node)."""
-        chip, core = divmod(rank, target.cores_per_chip)
-        node, chip_in_node = divmod(chip, target.chips_per_node)
-        return {"node": node, "chip": chip_in_node, "core": core}
+        filling nodes (target.cores_per_chip, target.topology.chips_per_node)."""
+        return placement(target, rank)
 
     def to_json(self, target: NeuronTarget) -> dict[str, Any]:
         ranks = []
@@ -169,7 +210,7 @@ class RankLayout:
         return {
             "world_size": self.world_size,
             "num_replicas": self.world_size,
-            "rank_order": "row-major over [PP, DP, CP, TP], TP contiguous (NxD)",
+            "rank_order": self.rank_order,
             "axes": [
                 {"axis": a, "role": self.role(a), "size": self.mesh.axis_size(a)}
                 for a in self.order
@@ -179,8 +220,58 @@ class RankLayout:
                 for role in ROLES
             },
             "ranks": sorted(ranks, key=lambda r: r["rank"]),
-            "placement_basis": target.topology_basis,
+            "nodes": -(-self.world_size // target.cores_per_node),
+            "topology": target.topology.to_json(target.cores_per_chip),
+            "placement_basis": target.cores_basis,
         }
+
+
+def placement(target: NeuronTarget, rank: int) -> dict[str, int]:
+    """Where rank `rank` runs on `target`'s topology: node, chip in the node, core in the chip."""
+    chip, core = divmod(rank, target.cores_per_chip)
+    node, chip_in_node = divmod(chip, target.topology.chips_per_node)
+    return {"node": node, "chip": chip_in_node, "core": core}
+
+
+def _trn1_tp4(layout: RankLayout, target: NeuronTarget) -> RankLayout | None:
+    """NxD's trn1 layout for TP = 4 (parallel_state.initialize_model_parallel): each TP group is
+    4 ranks of one trn1.32xlarge node at stride 8, so rank = pp-block + (d / 8) * 32 + tp * 8 +
+    d % 8, d the rank's index over the DP and CP axes (NxD has no CP there: ours is placed as
+    DP). None (the contiguous layout stays) unless TP = 4 and each pipeline stage fills whole
+    nodes (DP x CP a multiple of 8), as NxD requires."""
+    mesh = layout.mesh
+    tp = [a for a in layout.order if _ROLE_OF[a] == "TP"]
+    if math.prod(mesh.axis_size(a) for a in tp) != 4:
+        return None
+    lo_size = target.cores_per_node // 4  # 8 data ranks per TP coordinate on one node
+    data = [a for a in layout.order if _ROLE_OF[a] in ("DP", "CP")]
+    hi: list[Digit] = []
+    lo: list[Digit] = []
+    need = lo_size
+    for a in reversed(data):  # peel the minor lo_size data ranks off the data axes
+        size = mesh.axis_size(a)
+        if need == 1:
+            hi.insert(0, Digit(a, size, 1))
+        elif need % size == 0:
+            lo.insert(0, Digit(a, size, 1))
+            need //= size
+        elif size % need == 0:
+            hi.insert(0, Digit(a, size // need, need))
+            lo.insert(0, Digit(a, need, 1))
+            need = 1
+        else:
+            return None
+    if need != 1:
+        return None
+    pp = [Digit(a, mesh.axis_size(a), 1) for a in layout.order if _ROLE_OF[a] == "PP"]
+    tp_digits = [Digit(a, mesh.axis_size(a), 1) for a in tp]
+    return RankLayout(
+        mesh,
+        layout.order,
+        tuple(pp + hi + tp_digits + lo),
+        "NxD's trn1 TP=4 layout: each TP group is 4 ranks of one node at stride 8 "
+        "(rank = pp-block + (d / 8) * 32 + tp * 8 + d % 8, d the DP x CP index)",
+    )
 
 
 # --------------------------------------------------------------------------- rank input
@@ -327,7 +418,8 @@ class ReplicaGroupCollectives:
         return self._bind(x, "all_to_all", axis, group_size, dim=split_dim, concat=concat_dim)
 
     def local_shard(self, x, dim, axis, group_size):
-        # chunk i of x along dim, i = (rank_id / stride(axis)) % size(axis); int32 throughout
+        # chunk i of x along dim, i = the coordinate on axis computed from rank_id
+        # (RankLayout.coordinate_terms); int32 throughout
         import jax
         import numpy as np
 
@@ -337,9 +429,12 @@ class ReplicaGroupCollectives:
                 fix="a bug in portable's neuron lowering (rank_axes missed the op): report it",
             )
         i32 = np.int32
-        divisor, modulus = self.layout.coordinate_steps(axis)
-        coord = self.rank if divisor is None else jax.lax.div(self.rank, i32(divisor))
-        coord = coord if modulus is None else jax.lax.rem(coord, i32(modulus))
+        terms = []
+        for divisor, modulus, weight in self.layout.coordinate_terms(axis):
+            term = self.rank if divisor is None else jax.lax.div(self.rank, i32(divisor))
+            term = term if modulus is None else jax.lax.rem(term, i32(modulus))
+            terms.append(term if weight == 1 else jax.lax.mul(term, i32(weight)))
+        coord = functools.reduce(jax.lax.add, terms)
         size = x.shape[dim] // group_size
         return jax.lax.dynamic_slice_in_dim(x, jax.lax.mul(coord, i32(size)), size, axis=dim)
 

@@ -20,6 +20,7 @@ from .command import HLO_FILE, LOG_FILE, NEFF_FILE, neuron_cc_flags
 from .hlo import HloModule
 from .runtime_env import runtime_env
 from .validate import CHECKS, COLLECTIVES
+from .validate_mx import MX_CALLS
 
 __all__ = ["FORMAT", "FORMAT_VERSION", "build_manifest", "collectives_summary"]
 
@@ -50,14 +51,29 @@ NEEDS_HARDWARE = (
 
 
 MX_LOWERING = {
-    "lowering": "emulated-hlo",
     "hlo": "integer HLO on the values' bit patterns (bitcast-convert, and/or/xor, add/subtract, "
     "shifts, compare/select, maximum/minimum/clamp, one s32 reduce-max per block); no FP8/FP4 "
-    "element types, no custom calls",
-    "reason": "bit-exact with portable.mx on every generation; the Trn3 QuantizeMX and "
-    "__op$block_scaled_dot custom calls are allow-listed, but their operand layouts and "
-    "backend_config are not publicly documented, so they cannot be produced or checked offline "
-    "and are not emitted",
+    "element types",
+    "reason": "MX ops outside a native GEMM lower to that integer HLO, bit-exact with portable.mx "
+    "on every generation; on trn3 (NeuronOptions(mx='native')) each MX GEMM whose recipe fits "
+    "the custom calls lowers to QuantizeMX per operand + one __op$block_scaled_dot (the "
+    "decision per GEMM is under `gemms`; docs/backends/neuron.md, 'MX on Trainium3')",
+}
+MX_NATIVE = {
+    "custom_calls": "QuantizeMX (backend_config dim -1/-2, block_size 32, scale_method EMAX, "
+    "dtype float8_e4m3fn/float8_e5m2) -> (u32 data, u8 scales); __op$block_scaled_dot(lhs, "
+    "rhs, lhs_scale, rhs_scale) with scaled_dot_backend_config contracting dims",
+    "assumed": [
+        "four FP8 codes per u32 along the quantized dim, element 4i in the low byte",
+        "scales: u8 E8M0 bytes, the input's shape with the quantized dim / 32",
+        "EMAX bytes equal portable.mx.quantize(scale_rule='emax'), zero and tiny blocks included",
+    ],
+    "needs_hardware": [
+        "that neuronx-cc accepts this backend_config",
+        "the device's bytes for zero and tiny blocks",
+        "block_scaled_dot's accumulation order and precision",
+        "speed",
+    ],
 }
 
 
@@ -80,6 +96,8 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
             "hbm_basis": target.hbm_basis,
             "fp8_types": sorted(target.fp8_types),
             "mx": target.mx,
+            "cores_per_chip": target.cores_per_chip,
+            "topology": target.topology.to_json(target.cores_per_chip),
         },
         "toolchain": TOOLCHAIN,
         "dependencies": _dependencies(),
@@ -198,7 +216,8 @@ def _rank_input(prog: NeuronProgram, layout: Any) -> dict[str, Any] | None:
 
 
 def _mx_summary(lowered: NeuronLowered) -> dict[str, Any] | None:
-    """How the MX quantize / dequantize ops of the programs were lowered (None without any)."""
+    """How the MX ops and GEMMs of the programs were lowered (None without any): the emulated
+    quantize / dequantize ops left, and one decision per MX GEMM (mx_native.py)."""
     names = ("portable.mx_quantize.default", "portable.mx_dequantize.default")
     counts: collections.Counter[str] = collections.Counter(
         str(node.target)
@@ -206,9 +225,27 @@ def _mx_summary(lowered: NeuronLowered) -> dict[str, Any] | None:
         for node in prog.program.graph.nodes
         if node.op == "call_function" and str(node.target) in names
     )
-    if not counts:
+    gemms = [{"program": p.key, **g.to_json()} for p in lowered.programs for g in p.mx_gemms]
+    if not counts and not gemms:
         return None
-    return {"ops": sum(counts.values()), "by_op": dict(sorted(counts.items())), **MX_LOWERING}
+    native = sum(g["lowering"] == "native" for g in gemms)
+    calls: collections.Counter[str] = collections.Counter(
+        ins.custom_call_target or ""
+        for prog in lowered.programs
+        for ins in prog.module.instructions()
+        if ins.opcode == "custom-call" and ins.custom_call_target in MX_CALLS
+    )
+    lowering = ("native" if native else "") + ("+" if native and counts else "")
+    return {
+        "ops": sum(counts.values()),
+        "by_op": dict(sorted(counts.items())),
+        "lowering": lowering + ("emulated-hlo" if counts or not native else ""),
+        **MX_LOWERING,
+        "gemms": gemms,
+        "native_gemms": native,
+        "emulated_gemms": len(gemms) - native,
+        **({"custom_calls": dict(sorted(calls.items())), "native": MX_NATIVE} if native else {}),
+    }
 
 
 def _merged_collectives(lowered: NeuronLowered) -> dict[str, Any]:

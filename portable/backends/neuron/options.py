@@ -6,6 +6,8 @@ import dataclasses
 
 from portable.errors import BackendError
 
+from .targets import TOPOLOGIES
+
 __all__ = ["NeuronOptions"]
 
 _CHOICES = {
@@ -26,7 +28,12 @@ class NeuronOptions:
     `hbm_headroom` is the fraction of a core's HBM kept free: an estimate above
     (1 - headroom) x budget is a warning, above the budget an error.
     `max_instructions` is the HLO instruction count above which the graph-size warning fires.
-    `visible_cores` is the NEURON_RT_VISIBLE_CORES the manifest recommends.
+    `visible_cores` is the NEURON_RT_VISIBLE_CORES the manifest recommends for a single-device
+    program (a per-rank program's ranges are computed per node from the topology).
+    `topology` places the ranks on nodes (targets.TOPOLOGIES): "trn3-gen1" (4 servers x 16
+    chips, trn3's default), "trn3-gen2" (36 servers x 4 chips), "trn2", "trn2-ultraserver",
+    "trn1"; None: the target's default. It decides which replica groups cross nodes and the
+    per-node NEURON_RT_VISIBLE_CORES, never the compile.
     `mx`: how MX GEMMs lower on a target with MX (trn3; mx_native.py). "native": QuantizeMX +
     `__op$block_scaled_dot` where the recipe fits them; "emulate": integer HLO everywhere;
     "stand-in": the native structure with each custom call replaced by its XLA:CPU stand-in
@@ -40,6 +47,7 @@ class NeuronOptions:
     hbm_headroom: float = 0.1
     max_instructions: int = 150_000
     visible_cores: str = "0"
+    topology: str | None = None
     mx: str = "native"
 
     def __post_init__(self) -> None:
@@ -55,6 +63,12 @@ class NeuronOptions:
             raise BackendError(
                 f"neuron option hbm_headroom={self.hbm_headroom} is outside [0, 1)",
                 fix="pass the fraction of HBM to keep free, e.g. 0.1",
+            )
+        if self.topology is not None and self.topology not in TOPOLOGIES:
+            raise BackendError(
+                f"neuron option topology={self.topology!r} is not one of "
+                f"{', '.join(repr(t) for t in TOPOLOGIES)}",
+                fix="pass topology= one of those (or leave it out: the target's default)",
             )
         if self.max_instructions <= 0:
             raise BackendError(

@@ -1,6 +1,17 @@
 """Validator checks of collectives: explicit replica groups, and for per-rank programs groups that
 partition the world's ranks into the groups of each collective's mesh axis (range, cover, equal
-sizes, size == axis size) with a split dim the group size divides."""
+sizes, size == axis size) with a split dim the group size divides; and the Neuron runtime's
+limits on groups, for every module:
+
+- at most 12 distinct replica groups per NEFF (`NEC_MAX_COMM_N 12`, "Max supported
+  replica-groups in NEFF", nrt/nec.h in the Neuron runtime API reference). Counted over the
+  grouped collectives (all-reduce, all-gather, reduce-scatter, all-to-all); collective-permute's
+  source_target_pairs are not replica groups and are not counted;
+- a group that spans nodes must be symmetric: the same number of its ranks on every node it
+  spans (docs/reference/neuron.md, Corrections: "inter-node groups must be symmetric"; no public
+  runtime page states it). Ranks are placed one per logical core, filling the target topology's
+  nodes (collectives.placement).
+"""
 
 from __future__ import annotations
 
@@ -18,14 +29,16 @@ if TYPE_CHECKING:
 
     from .validate import Context
 
-__all__ = ["COLLECTIVES", "collectives"]
+__all__ = ["COLLECTIVES", "MAX_REPLICA_GROUPS", "collectives"]
 
 COLLECTIVES = frozenset(
     {"all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute"}
 )
+MAX_REPLICA_GROUPS = 12  # NEC_MAX_COMM_N (nrt/nec.h): replica groups one NEFF may use
 
 
 def collectives(ctx: Context) -> Iterator[Finding]:
+    distinct: dict[tuple[tuple[int, ...], ...], Instruction] = {}
     for ins in ctx.module.instructions():
         base = ins.opcode.removesuffix("-start")
         if base not in COLLECTIVES or base == "collective-permute":
@@ -38,8 +51,59 @@ def collectives(ctx: Context) -> Iterator[Finding]:
                 f"{base} without explicit replica_groups",
                 "list the global ranks of each group explicitly (the spmd-partition pass does)",
             )
-        elif ctx.ranks is not None:
-            yield from _group_findings(ctx, ins, base, _parse_groups(groups))
+            continue
+        parsed = _parse_groups(groups)
+        distinct.setdefault(tuple(sorted(tuple(sorted(g)) for g in parsed)), ins)
+        yield from _symmetry(ctx, ins, base, parsed)
+        if ctx.ranks is not None:
+            yield from _group_findings(ctx, ins, base, parsed)
+    if len(distinct) > MAX_REPLICA_GROUPS:
+        yield _too_many(ctx, distinct)
+
+
+def _too_many(ctx: Context, distinct: dict[tuple[tuple[int, ...], ...], Instruction]) -> Finding:
+    """The program uses more distinct replica groups than one NEFF may; the finding points at
+    the first collective past the limit."""
+    first_over = list(distinct.values())[MAX_REPLICA_GROUPS]
+    sizes = sorted({len(groups[0]) for groups in distinct if groups})
+    return ctx.error(
+        first_over,
+        "replica-groups-count",
+        f"{len(distinct)} distinct replica groups in one program (group sizes {sizes}); the "
+        f"Neuron runtime loads at most {MAX_REPLICA_GROUPS} per NEFF (NEC_MAX_COMM_N, "
+        f"{len(distinct)} > {MAX_REPLICA_GROUPS})",
+        "run collectives over fewer distinct plan axes per program (every collective over one "
+        "mesh axis shares that axis's groups), or split the program (pipeline stages) so each "
+        f"NEFF uses at most {MAX_REPLICA_GROUPS}",
+    )
+
+
+def _symmetry(
+    ctx: Context, ins: Instruction, op: str, groups: list[list[int]]
+) -> Iterator[Finding]:
+    """Each group that spans nodes has the same number of ranks on every node it spans (the
+    first group that does not is reported)."""
+    from .collectives import placement
+
+    per_node = ctx.target.cores_per_node
+    for group in groups:
+        counts: dict[int, int] = {}
+        for rank in group:
+            node = placement(ctx.target, rank)["node"]
+            counts[node] = counts.get(node, 0) + 1
+        if len(counts) > 1 and len(set(counts.values())) > 1:
+            shown = ", ".join(f"node {n}: {c}" for n, c in sorted(counts.items()))
+            yield ctx.error(
+                ins,
+                "replica-groups-symmetric",
+                f"{op} group {group} spans {len(counts)} nodes unevenly ({shown}); the Neuron "
+                "runtime needs a group that crosses nodes to have the same number of ranks on "
+                f"each node ({ctx.target.topology.name}: {per_node} ranks per node)",
+                f"choose mesh sizes whose groups hold whole nodes or an equal share of each "
+                f"node: the ranks of one node's {per_node} cores divided evenly (a different "
+                "topology= changes the node size)",
+            )
+            return
 
 
 def _parse_groups(text: str) -> list[list[int]]:

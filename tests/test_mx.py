@@ -150,6 +150,7 @@ def oracle_byte(amax: float, f: mx.MXFormat, rule: str) -> int:
         "floor": lambda: _log2_floor(amax),
         "ceil": lambda: _log2_ceil(amax),
         "even": lambda: _log2_floor(_round_half_up(amax, f.mbits)),
+        "emax": lambda: _log2_floor(amax) + 1,  # floor's scale doubled
     }[rule]()
     return min(max(e - f.emax + 127, 0), 254)
 

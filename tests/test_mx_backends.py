@@ -14,6 +14,9 @@ and against shared/reference/mx.md's expectations directly:
   dequantized to float32 / bfloat16 / float16;
 - dequantization of every code byte under scale bytes 0 (a subnormal scale), 1, 127, 254
   (overflow) and 255 (NaN), and random bytes, to every dtype the backend takes;
+- the emax rule's sweep (`scale_sweep`: every reachable scale byte, special values,
+  subnormals, largest values) for every format and float32 / bfloat16 / float16 input, whose
+  oracle check is tests/test_mx_emax.py;
 - mx.md's properties on the backend's own results: x * 2^j shifts the byte by j and keeps the
   codes; q(-x) flips the sign bit (MXINT8: two's complement); quantize-dequantize is idempotent
   in value (floor and rceil; in bytes for floor); bfloat16 / float16 input gives the bytes of its
@@ -40,7 +43,7 @@ from portable.ir.program import Program
 from portable.ir.signature import (
     TensorSpec,
 )
-from portable.mx.vectors import VECTORS
+from portable.mx.vectors import VECTORS, scale_sweep
 from tests.support.mx_programs import (
     FORMATS,
     ROWS,
@@ -291,6 +294,14 @@ def test_mx_md_vectors_and_corpus(be, fmt, rule):
         want = torch.tensor(v.dequant, dtype=torch.float32)
         assert same_bits(values[row, : len(v.dequant)], want), f"vector {v.id}: dequantized"
     assert checked == sum(1 for v in VECTORS if fmt in v.formats and rule in v.rules)
+
+
+@parametrize(("fmt", FORMATS), ("dtype", FLOATS))
+def test_emax_scale_sweep(be, fmt, dtype):
+    x = scale_sweep(dtype, rows=4 * ROWS)
+    codes, scales = quantize(be, x, fmt, -1, "emax")
+    dequantize(be, codes, scales, fmt)
+    assert len(set(scales.flatten().tolist())) > (40 if dtype == torch.float16 else 240)
 
 
 @parametrize(("fmt", FORMATS))

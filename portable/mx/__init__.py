@@ -5,7 +5,7 @@ the CPU kernels of `portable::mx_quantize` / `portable::mx_dequantize`; the Trit
 cuda backend are checked against them bit for bit.
 
     formats.py   the element formats (E4M3, E5M2, E3M2, E2M3, E2M1, MXINT8) as data
-    scale.py     E8M0 scale rules (floor, rceil, ceil, even) from exponent bits
+    scale.py     E8M0 scale rules (floor, rceil, ceil, even, emax) from exponent bits
     elements.py  element rounding (nearest even, subnormals, saturation) and decode tables
     pack.py      FP4 two-per-byte packing
     layout.py    argument checks; the [outer, axis, inner] block layout

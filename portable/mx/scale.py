@@ -8,8 +8,16 @@ block's amax (`|x|` bits, so NaN > +Inf > every finite value as int32) and never
     rceil  b = min(C(fp32(amax * fp32(1/max))), 254)  (NVIDIA's rule: never clips)
     even   b = min(max(E(R(amax)) - emax, 0), 254)    R() rounds to mbits mantissa, ties up
                                                       (MXINT8 counts as E1M6: mbits 6)
-    emax   b = min(max(E(amax) - emax + 1, 0), 254)   floor's scale doubled: Trainium3's
-                                                      QuantizeMX "EMAX" (NKI quantize_mx)
+    emax   b = min(max(F(amax) - emax + 1, 0), 254)   F(v) = floor(log2 v) + 127: E(v), and
+                                                      -1 below 2^-127 (zero too; the same byte)
+
+emax is Trainium3's QuantizeMX "EMAX" (NKI `quantize_mx`): the smallest b with
+`amax < 2^emax * 2^(b - 127)` (clamped to [0, 254]), i.e. floor's scale doubled wherever floor's
+byte is not clamped. Every scaled element is then below 2^emax, which rounds to at most
+2^emax <= max: no element saturates, except MXINT8 (emax 0) blocks with amax >= 2^127, where
+b stops at 254. Reachable bytes: 0 to 255 - emax (254 for MXINT8). F() instead of E() changes
+a byte only for MXINT8: a subnormal amax below 2^-127 (and zero) gives 0, from 2^-127 on 1.
+Inputs are fp32, or bf16 / f16 read as their exact fp32 upcast (the hardware's inputs).
 
 A block whose amax is Inf or NaN gets 255 and dequantizes to NaN (the spec's NaN scale;
 Transformer Engine instead saturates Inf to +-max with b = 254). An all-zero block gets 0 under
@@ -60,8 +68,9 @@ def scale_bytes(amax_bits: torch.Tensor, fmt: MXFormat, rule: str) -> torch.Tens
         b = ceil_byte(d).clamp_(max=254)
     elif rule == "even":
         b = (even_exponent(amax_bits, fmt.mbits) - fmt.emax).clamp_(0, 254)
-    elif rule == "emax":
-        b = ((amax_bits >> 23) - (fmt.emax - 1)).clamp_(0, 254)
+    elif rule == "emax":  # F(amax) = E(amax) - (amax < 2^-127)
+        below = (amax_bits < SCALE_MIN_BITS).to(torch.int32)
+        b = ((amax_bits >> 23) - below).sub_(fmt.emax - 1).clamp_(0, 254)
     else:
         raise ValueError(rule)
     return b.masked_fill_(amax_bits >= INF_BITS, 255)

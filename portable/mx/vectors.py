@@ -1,9 +1,13 @@
-"""Test data for every MX implementation: the vectors of shared/reference/mx.md, and seeded
-adversarial inputs (`fuzz`).
+"""Test data for every MX implementation: the vectors of shared/reference/mx.md (and, in the
+same style, of the emax rule), and seeded adversarial inputs (`fuzz`, `edge_blocks`,
+`scale_sweep`).
 
 Each vector is one block of 32 fp32 inputs (`values`, then zeros), quantized along the last axis
 with each of `formats` x `rules`. Expected: the E8M0 byte, a prefix of the element codes (4-bit
 codes unpacked), and where mx.md gives them a prefix of the dequantized values (NaN: NaN).
+The `emax` rows are worked by hand from `portable.mx.scale`'s definition (b = floor(log2 amax)
++ 128 - emax, clamped to [0, 254]): e.g. 480 = 1.875 * 2^8 in E4M3 gets b = 135 - 8 + 1 = 128
+and the element 240 (code 0x77), where floor saturates it to 448.
 """
 
 from __future__ import annotations
@@ -12,13 +16,14 @@ import dataclasses
 
 import torch
 
-__all__ = ["VECTORS", "Vector", "cases", "edge_blocks", "fuzz"]
+__all__ = ["VECTORS", "Vector", "cases", "edge_blocks", "fuzz", "scale_sweep"]
 
 NAN = float("nan")
 INF = float("inf")
 ALL_FORMATS = ("e4m3", "e5m2", "e3m2", "e2m3", "e2m1", "int8")
-ALL_RULES = ("floor", "rceil", "ceil", "even")
+ALL_RULES = ("floor", "rceil", "ceil", "even", "emax")
 FLOOR_RCEIL = ("floor", "rceil")
+EMAX = ("emax",)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +41,7 @@ class Vector:
 
 
 VECTORS = (
-    Vector("1", (), ("e4m3",), FLOOR_RCEIL, 0, (0,) * 32, (0.0,) * 32),
+    Vector("1", (), ("e4m3",), (*FLOOR_RCEIL, "emax"), 0, (0,) * 32, (0.0,) * 32),
     Vector("2", (1.0, 0.5, -0.25, 0.1), ("e4m3",), FLOOR_RCEIL, 119,
            (0x78, 0x70, 0xE8, 0x5D), (1.0, 0.5, -0.25, 0.1015625)),
     Vector("3", (6.0, -3.0, 0.5, 0.2), ("e2m1",), FLOOR_RCEIL, 127, (7, 0xD, 1, 0)),
@@ -49,7 +54,7 @@ VECTORS = (
     Vector("7", (56.0, 1.0), ("e4m3",), ("rceil",), 124, (0x7E, 0x50)),
     Vector("8", (NAN, 1.0, 2.0, 3.0), ALL_FORMATS, ALL_RULES, 255, (), (NAN,) * 32),
     Vector("9", (INF, 1.0, 2.0, 3.0), ("e4m3",), ALL_RULES, 255, (), (NAN,) * 32),
-    Vector("10", (2.0**-126,) * 32, ("e4m3",), FLOOR_RCEIL, 0, (0x40,) * 32),
+    Vector("10", (2.0**-126,) * 32, ("e4m3",), (*FLOOR_RCEIL, "emax"), 0, (0x40,) * 32),
     Vector("11", (2.0**-149, 2.0**-135, 2.0**-130, -(2.0**-128)), ("e4m3",), ("floor",), 0,
            (0x00, 0x02, 0x20, 0xB0)),
     Vector("12", (-(2.0**-149),) + (1.0,) * 31, ("e4m3",), ("floor",), 119, (0x80,)),
@@ -61,6 +66,20 @@ VECTORS = (
     Vector("16", (485.0, 475.0, 400.0, -485.0, -475.0, -450.0, 2.0**-6, -(2.0**-6)), ("e4m3",),
            ("floor",), 127, (), (448.0, 448.0, 384.0, -448.0, -448.0, -448.0, 2.0**-6, -(2.0**-6))),
     Vector("17", (61440.0, 1.0), ("e5m2",), ("floor",), 127, (0x7B,)),
+    # the emax rule (Trainium3's QuantizeMX "EMAX"): floor's scale doubled, never saturates
+    Vector("2-emax", (1.0, 0.5, -0.25, 0.1), ("e4m3",), EMAX, 120, (0x70, 0x68, 0xE0, 0x55),
+           (1.0, 0.5, -0.25, 0.1015625)),
+    Vector("5-emax", (7.0, 3.0, -6.5, 1.0), ("e2m1",), EMAX, 128, (6, 3, 0xD, 1),
+           (8.0, 3.0, -6.0, 1.0)),
+    Vector("6-emax", (480.0,) * 32, ("e4m3",), EMAX, 128, (0x77,) * 32, (480.0,) * 32),
+    Vector("16-emax", (464.0, 1.0), ("e4m3",), EMAX, 128, (0x76, 0x30), (448.0, 1.0)),
+    Vector("17-emax", (61440.0, 1.0), ("e5m2",), EMAX, 128, (0x78, 0x38), (65536.0, 1.0)),
+    Vector("e2m1-max-emax", (6.0, -0.25), ("e2m1",), EMAX, 128, (5, 8), (6.0, -0.0)),
+    Vector("int8-tiny-emax", (2.0**-128, -(2.0**-133)), ("int8",), EMAX, 0, (0x20, 0xFF),
+           (2.0**-128, -(2.0**-133))),
+    Vector("int8-2^-127-emax", (2.0**-127,), ("int8",), EMAX, 1, (0x20,), (2.0**-127,)),
+    Vector("int8-top-emax", (1.9921875 * 2.0**127, 1.5 * 2.0**127), ("int8",), EMAX, 254,
+           (0x7F, 0x60), (127 / 64 * 2.0**127, 1.5 * 2.0**127)),
 )  # fmt: skip
 
 
@@ -119,3 +138,64 @@ def edge_blocks() -> torch.Tensor:
     blocks[:, -1] = amax
     blocks[1::2, -1] *= -1
     return blocks
+
+
+# (mantissa bits, exponent bias) of the input dtypes
+_INPUT_DTYPES = {torch.float32: (23, 127), torch.bfloat16: (7, 127), torch.float16: (10, 15)}
+
+
+def scale_sweep(
+    dtype: torch.dtype = torch.float32, rows: int = 2048, seed: int = 0
+) -> torch.Tensor:
+    """[rows, 32] blocks of `dtype` whose amax walks every binade of `dtype`, subnormal ones
+    included, with the mantissas where a format's rounding or saturation changes (1, 1.5, 1.75,
+    1.875, 1 + 63/64, the largest), so every format meets every scale byte it can reach under
+    every rule; then blocks of special values (NaN, +-Inf, all +0 / -0, the dtype's largest
+    magnitude, amax one ulp around 2^-127); then random amax. The other elements are random
+    below amax (8 random mantissa bits, so ties of every element grid, 0 to 40 binades lower:
+    element and fp32 subnormals) with random signs and signed zeros; amax sits at a varying
+    position and sign. `rows` must hold the sweep (at least 1700 for float32)."""
+    p, bias = _INPUT_DTYPES[dtype]
+    g = torch.Generator().manual_seed(seed)
+    tiny, top = 1 - bias - p, bias  # exponents of the smallest subnormal and the largest binade
+    mants = torch.tensor([1.0, 1.5, 1.75, 1.875, 1 + 63 / 64, 2 - 2.0**-p], dtype=torch.float64)
+    exps = torch.arange(tiny, top + 1, dtype=torch.float64)
+    sweep = (mants[None, :] * torch.exp2(exps[:, None])).flatten()
+    ulp = 2.0**tiny
+    edges = [2.0**-127 - ulp, 2.0**-127, 2.0**-127 + ulp, 2.0**tiny, (2 - 2.0**-p) * 2.0**top]
+    n_random = rows - len(sweep) - len(edges) - len(_SPECIAL_ROWS)
+    if n_random < 0:
+        raise ValueError(f"scale_sweep needs rows >= {rows - n_random} for {dtype}")
+    random_exp = torch.randint(tiny, top + 1, (n_random,), generator=g).double()
+    random_amax = (1 + torch.rand(n_random, generator=g, dtype=torch.float64)) * torch.exp2(
+        random_exp
+    )
+    amax = torch.cat([sweep, torch.tensor(edges, dtype=torch.float64), random_amax])
+    amax = amax.clamp(max=(2 - 2.0**-p) * 2.0**top)
+    n = len(amax)
+    sign = torch.randint(0, 2, (n, 32), generator=g).double() * 2 - 1
+    mant = 1 + torch.randint(0, 256, (n, 32), generator=g).double() / 256
+    drop = torch.randint(0, 41, (n, 32), generator=g).double()
+    x = sign * torch.minimum(mant * torch.exp2(torch.floor(torch.log2(amax))[:, None] - drop),
+                             amax[:, None])  # fmt: skip
+    x = torch.where(torch.randint(0, 8, (n, 32), generator=g) == 0, 0.0 * sign, x)
+    where = torch.arange(n) % 32
+    x[torch.arange(n), where] = amax * torch.where(torch.arange(n) % 3 == 0, -1.0, 1.0)
+    special = torch.tensor(_SPECIAL_ROWS, dtype=torch.float64)
+    special = torch.where(special.abs() == _MAX, special.sign() * (2 - 2.0**-p) * 2.0**top, special)
+    return torch.cat([x, special]).to(dtype)
+
+
+_MAX = 1e300  # placeholder in _SPECIAL_ROWS for the dtype's largest finite magnitude
+_SPECIAL_ROWS = [
+    [NAN] + [1.0] * 31,
+    [2.0, INF] + [-3.0] * 30,
+    [-INF] + [0.0] * 31,
+    [NAN, INF, -INF] + [_MAX] * 29,
+    [0.0] * 31 + [NAN],
+    [0.0] * 32,
+    [-0.0] * 32,
+    [0.0, -0.0] * 16,
+    [_MAX, -_MAX] * 16,
+    [-_MAX] + [1.0] * 31,
+]

@@ -72,8 +72,9 @@ class MXQuantize(Pass):
 
     Each linear layer's forward GEMM, and in training steps its input-gradient and weight-gradient
     GEMMs, get quantize -> dequantize (block 32) on both operands. Options: `format` (e4m3,
-    e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil, floor, ceil, even), `mode` (fake: emulation everywhere; real: native MX GEMMs where the
-    target has them), `include` / `exclude` (regexes searched in the module path),
+    e5m2, e3m2, e2m3, e2m1, int8), `scale` (the E8M0 scale rule: rceil, floor, ceil, even,
+    emax; `portable.mx.scale`), `mode` (fake: emulation everywhere; real: native MX GEMMs where
+    the target has them), `include` / `exclude` (regexes searched in the module path),
     `keep_first_last` (keep in high precision every linear layer that reads the model's first
     activation or writes its last).
 

@@ -2,7 +2,8 @@
 
 `portable::mx_quantize(x, format, axis, scale_rule, block_size)` -> (codes, scales) and
 `portable::mx_dequantize(codes, scales, format, axis, dtype, block_size)`; the rules are those of
-`portable.mx` (shared/reference/mx.md): E8M0 scale from the exponent bits of the block amax,
+`portable.mx` (shared/reference/mx.md): E8M0 scale from the exponent bits of the block amax
+by the rule `scale_rule` (floor, rceil, ceil, even, emax: `portable.mx.scale`),
 elements rounded to nearest even with subnormals and saturated, NaN / Inf blocks -> scale 255
 and zero codes, FP4 two codes per byte (element 2i in the low nibble).
 
@@ -62,6 +63,8 @@ _INT8: tl.constexpr = tl.constexpr(_FMT_INDEX["int8"])
 _FLOOR: tl.constexpr = tl.constexpr(SCALE_RULES.index("floor"))
 _RCEIL: tl.constexpr = tl.constexpr(SCALE_RULES.index("rceil"))
 _CEIL: tl.constexpr = tl.constexpr(SCALE_RULES.index("ceil"))
+_EVEN: tl.constexpr = tl.constexpr(SCALE_RULES.index("even"))
+_EMAX: tl.constexpr = tl.constexpr(SCALE_RULES.index("emax"))
 
 
 # ----------------------------------------------------------------------------- shared pieces
@@ -97,9 +100,14 @@ def _scale_byte(amax: tl.tensor, RULE: tl.constexpr, EMAX: tl.constexpr, MBITS: 
         b = tl.minimum(_ceil_byte(d.to(tl.int32, bitcast=True)), 254)
     elif RULE == _CEIL:
         b = tl.minimum(tl.maximum(_ceil_byte(amax) - EMAX, 0), 254)
-    else:  # even: round amax to MBITS mantissa bits (ties up; a subnormal by its value), floor
+    elif RULE == _EVEN:  # round amax to MBITS mantissa bits (ties up; a subnormal by value)
         inc = tl.where(amax < 0x800000, 1 << (21 - MBITS), 1 << (22 - MBITS))
         b = tl.minimum(tl.maximum(((amax + inc) >> 23) - EMAX, 0), 254)
+    else:
+        tl.static_assert(RULE == _EMAX, "unknown scale rule")
+        # floor(log2 amax) + 128 - EMAX: the exponent field, one less below 2^-127
+        below = (amax < 0x400000).to(tl.int32)
+        b = tl.minimum(tl.maximum((amax >> 23) - below - (EMAX - 1), 0), 254)
     return tl.where(amax >= 0x7F800000, 255, b)
 
 

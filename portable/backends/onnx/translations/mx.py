@@ -8,9 +8,9 @@ choice is made here, in Python, and the graph holds only the arithmetic of the o
 
 Contract. `mx_quantize` returns exactly the `(codes, scales)` of `portable.mx.quantize`
 (shared/reference/mx.md) for every format (E4M3, E5M2, E3M2, E2M3, E2M1 packed two per byte
-with element 2i in the low nibble, MXINT8), every scale rule (floor, rceil, ceil, even), any axis
-and block size, float32 / bfloat16 / float16 input (the bytes of the exact float32 upcast), NaN /
-Inf blocks (scale 255, zero codes) and zero blocks. `mx_dequantize` returns exactly the values of
+with element 2i in the low nibble, MXINT8), every scale rule (floor, rceil, ceil, even, emax),
+any axis and block size, float32 / bfloat16 / float16 input (the bytes of the exact float32
+upcast), NaN / Inf blocks (scale 255, zero codes) and zero blocks. `mx_dequantize` returns exactly the values of
 `portable.mx.dequantize` in float32, bfloat16, float16 and float64, NaN payloads aside. Checked
 bit for bit on ONNX Runtime (CPU) by tests/test_mx_backends.py.
 
@@ -179,13 +179,18 @@ def _scale_bytes(amax, fmt: MXFormat, rule: str):
         bits = _fp32_bits(amax)
         if rule == "ceil":
             e = _ceil_byte(bits)
-        else:  # even: round to mbits mantissa bits, ties up (a subnormal by its value)
+        elif rule == "even":  # round to mbits mantissa bits, ties up (a subnormal by its value)
             inc = op.Where(
                 op.Less(bits, _const(HIDDEN)),
                 _const(1 << (21 - fmt.mbits)),
                 _const(1 << (22 - fmt.mbits)),
             )
             e = op.Div(op.Add(bits, inc), _const(HIDDEN))
+        elif rule == "emax":  # floor(log2 amax) + 128: the exponent field + 1, 0 below 2^-127
+            below = op.Cast(op.Less(bits, _const(0x400000)), to=I32)
+            e = op.Sub(op.Add(op.Div(bits, _const(HIDDEN)), _const(1)), below)
+        else:
+            raise ValueError(rule)
     return op.Clip(op.Sub(e, _const(fmt.emax)), _const(0), _const(254))
 
 

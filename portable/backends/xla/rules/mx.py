@@ -3,7 +3,7 @@
 Contract. `mx_quantize(x, format, axis, scale_rule, block_size)` returns exactly the
 `(codes, scales)` of `portable.mx.quantize` (shared/reference/mx.md) for every format (E4M3,
 E5M2, E3M2, E2M3, E2M1 packed two per byte with element 2i in the low nibble, MXINT8), every
-scale rule (floor, rceil, ceil, even), any axis and block size, float32 / bfloat16 / float16
+scale rule (floor, rceil, ceil, even, emax), any axis and block size, float32 / bfloat16 / float16
 input (the bytes of the exact float32 upcast), NaN / Inf blocks (scale 255, zero codes) and
 zero blocks. `mx_dequantize` returns exactly the values of `portable.mx.dequantize` in float32,
 bfloat16, float16 (or float64 on `xla`), NaN payloads aside. Arguments are checked by
@@ -23,14 +23,15 @@ Numbers. A finite fp32 magnitude with bits `a` is `sig * 2^(e - 150)`, `sig` in 
 (0 for zero) after `normalize`.
 
 - Scale byte (as `portable.mx.scale`), from the block amax bits (int32 order: NaN > Inf > finite):
-  floor, ceil and even read the exponent field. rceil is `C(d)`, `d = fp32(amax * fp32(1/max))`,
-  C = the smallest byte b with `2^(b - 127) >= d`; d is never formed (it may be subnormal). The
-  exact product is `P * 2^(Q - 127 - L)` with `P = sig(amax) * sig(1/max)`, a 48-bit integer in
-  [2^L, 2^(L+1)), and `Q = L + e(amax) + e(1/max) - 173` its biased exponent. Powers of two are
-  even fp32 values, so d rounds to at most 2^(Q - 127) iff P is at most the midpoint to the
-  next fp32 value, `2^L + 2^(L-24)` (`2^L + 2^(L-23)` for Q = 0, the subnormal binade): C is Q,
-  plus one above it, and 0 for Q < 0. As `sa * sc > X` iff `sa > X // sc`, both tests compare
-  sig(amax) with integer constants computed here: no 48-bit product either.
+  floor, ceil, even and emax read the exponent field (emax: one less below 2^-127, so that an
+  MXINT8 block with a tiny amax gets 0, as by its value). rceil is `C(d)`, `d = fp32(amax *
+  fp32(1/max))`, C = the smallest byte b with `2^(b - 127) >= d`; d is never formed (it may be
+  subnormal). The exact product is `P * 2^(Q - 127 - L)` with `P = sig(amax) * sig(1/max)`, a
+  48-bit integer in [2^L, 2^(L+1)), and `Q = L + e(amax) + e(1/max) - 173` its biased exponent.
+  Powers of two are even fp32 values, so d rounds to at most 2^(Q - 127) iff P is at most the
+  midpoint to the next fp32 value, `2^L + 2^(L-24)` (`2^L + 2^(L-23)` for Q = 0, the subnormal
+  binade): C is Q, plus one above it, and 0 for Q < 0. As `sa * sc > X` iff `sa > X // sc`, both
+  tests compare sig(amax) with integer constants computed here: no 48-bit product either.
 - Elements: `y = x * 2^(127 - b)` has exponent `k = e - b - emin` relative to 2^emin; the code is
   `(max(k, 0) << mbits) + rne(sig >> (23 - mbits + max(-k, 0)))` saturated to the largest code
   (the rounding carry bumps the exponent), sign from the input's sign bit (MXINT8: two's
@@ -65,6 +66,7 @@ I32 = jnp.int32
 ABS_MASK = 0x7FFFFFFF
 INF_BITS = 0x7F800000
 HIDDEN = 0x800000  # the implicit leading one of a normal fp32 significand
+SCALE_MIN_BITS = 0x400000  # 2^-127
 _TORCH_DTYPES = (torch.float64, torch.float32, torch.float16, torch.bfloat16, torch.int64,
                  torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool)  # fmt: skip
 
@@ -173,13 +175,15 @@ def scale_bytes(amax: jax.Array, fmt: MXFormat, rule: str) -> jax.Array:
         b = (amax >> 23) - fmt.emax
     elif rule == "ceil":
         b = _ceil_byte(amax) - fmt.emax
-    elif rule == "emax":  # floor's scale doubled (Trainium3's QuantizeMX "EMAX")
-        b = (amax >> 23) - (fmt.emax - 1)
+    elif rule == "emax":  # F(amax) - emax + 1, F = floor(log2) + 127 (Trainium3's "EMAX")
+        b = (amax >> 23) - (amax < SCALE_MIN_BITS).astype(I32) - (fmt.emax - 1)
     elif rule == "even":  # round amax to mbits mantissa bits (ties up; a subnormal by its value)
         inc = select(amax < HIDDEN, 1 << (21 - fmt.mbits), 1 << (22 - fmt.mbits))
         b = ((amax + inc) >> 23) - fmt.emax
-    else:
+    elif rule == "rceil":
         b = _rceil_byte(amax, fmt)
+    else:
+        raise ValueError(rule)
     return select(amax >= INF_BITS, 255, clamp(b, 0, 254))
 
 

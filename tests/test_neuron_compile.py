@@ -153,6 +153,16 @@ def test_shell_quoted_command_is_accepted(fake_cc, tmp_path):
         ("segv", "crashed", -11, ["crashed (signal SIGSEGV, exit -11)"]),
         ("unsupported", "failed", 1, ["(exit 1): NCC_EVRF001", "operator the compiler does not"]),
         ("nopass", "failed", 0, ["exited 0", "no 'Compiler status PASS'"]),
+        (  # a three-letter code family; every code of the output is listed and explained
+            "cfg",
+            "failed",
+            1,
+            [
+                "(exit 1): NCC_CFG015, NCC_EVRF011",
+                "NCC_CFG015: control-flow graph validation overflowed",
+                "NCC_EVRF011: a strided convolution with input (lhs) dilation",
+            ],
+        ),
     ],
 )
 def test_failures_are_explained(fake_cc, monkeypatch, tmp_path, mode, status, returncode, phrases):
@@ -187,14 +197,15 @@ def test_input_that_is_not_hlo_fails(fake_cc, tmp_path):
     folder = make_program(tmp_path, hlo=b"not a proto")
     with pytest.raises(ncc.NeuronCompileError) as info:
         ncc.compile_program(folder)
-    assert info.value.result.codes == ("NCC_EFAKE001",)
-    assert "NCC_EFAKE001: a code portable has no explanation for" in str(info.value)
+    assert info.value.result.codes == ("NCC_XFAK001",)
+    assert "NCC_XFAK001: a code portable has no explanation for" in str(info.value)
 
 
 @pytest.mark.parametrize(
     ("drop", "add", "complaint"),
     [
         ("--native-int64=disabled", None, "--native-int64 must be pinned"),
+        ("--implicit-integer-downcast=all", None, "--implicit-integer-downcast must be pinned"),
         ("--target=trn3", "--target=trn9", "invalid choice 'trn9'"),
         ("--target=trn3", "--target=trn1", "--logical-nc-config is not supported"),
         ("--verbose=35", "--no-such-flag", "unrecognized arguments: --no-such-flag"),
@@ -259,8 +270,13 @@ def test_outputs_outside_the_program_are_refused(fake_cc, tmp_path):
 
 
 def test_code_table_explains_the_documented_codes():
-    for code in ("NCC_EVRF001", "NCC_EMOD025", "NCC_EVRF007", "NCC_EHCA005", "NCC_EOOM001"):
-        meaning, fix = ncc.NCC_CODES[code]
+    # every code of the 2.32 error-code reference's index, and the release notes' CFG015
+    documented = "EARG001 EBIR023 EBVF030 EHCA005 EMOD025 EOOM001 EOOM002 ESFH002 ESPP004 "
+    documented += "ESPP047 EUOC002 EXSP001 EXTP004 CFG015 "
+    documented += " ".join(f"EVRF{n:03d}" for n in (1, 4, 5, 6, 7, 9, 10, 11, 13, 15, 16))
+    documented += " " + " ".join(f"EVRF{n:03d}" for n in (17, 18, 19, 22, 31, *range(35, 66)))
+    for code in documented.split():
+        meaning, fix = ncc.NCC_CODES[f"NCC_{code}"]
         assert meaning and fix
     assert ncc.explain_codes(["NCC_EMOD025", "NCC_EZZZ999"]) == [
         "NCC_EMOD025: a dynamic shape: every tensor dimension must be static",
@@ -491,3 +507,48 @@ def test_check_strict_counts_warnings(lowered, tmp_path, capsys):
 def test_check_without_neuron_programs(tmp_path, capsys):
     code, _, err = run(capsys, "check", str(tmp_path))
     assert code == ExitCode.USER_ERROR and "holds no neuron program" in err
+
+
+def test_log_parser_reads_three_and_four_letter_code_families(fake_cc, monkeypatch, tmp_path):
+    folder = make_program(tmp_path)
+    (folder / "log-neuron-cc.txt").unlink(missing_ok=True)
+    monkeypatch.setenv("FAKE_NEURONX_CC_FAIL", "cfg")
+    with pytest.raises(ncc.NeuronCompileError) as info:
+        ncc.compile_program(folder)
+    assert info.value.result.codes == ("NCC_CFG015", "NCC_EVRF011")
+    lines = "ERROR [NCC_CFG015] x\nsee NCC_EVRF001, not NCC_EVRF0011 or NCC_AB001 or XNCC_EVRF002"
+    assert ncc._CODE.findall(lines) == ["NCC_CFG015", "NCC_EVRF001"]
+
+
+def test_native_int64_is_refused_before_trn2(fake_cc, tmp_path):
+    """The CLI reference: --native-int64 is "only available on trn2 and later"."""
+    trn1 = [a for a in COMMAND if a != "--logical-nc-config=2"]
+    trn1[trn1.index("--target=trn3")] = "--target=trn1"
+    with pytest.raises(ncc.NeuronCompileError) as info:
+        ncc.compile_program(make_program(tmp_path, argv=trn1))
+    assert "only available on trn2 and later" in str(info.value)
+    without = [a for a in trn1 if a != "--native-int64=disabled"]
+    assert ncc.compile_program(make_program(tmp_path, "trn1", argv=without)).ok
+
+
+@pytest.mark.parametrize(
+    ("variant", "flags", "problems"),
+    [
+        ("trn3", ["--native-int64=disabled", "--implicit-integer-downcast=all"], []),
+        ("trn1", ["--implicit-integer-downcast=all"], []),
+        (
+            "trn1",
+            ["--native-int64=disabled", "--implicit-integer-downcast=all"],
+            ["--native-int64=disabled is only available on trn2 and later, not trn1"],
+        ),
+        (
+            "trn2",
+            ["--implicit-integer-downcast=all"],
+            ["the int64 flags are not pinned (--native-int64=disabled missing)"],
+        ),
+    ],
+)
+def test_check_pins_the_int64_flags_per_target(variant, flags, problems):
+    from portable.backends.neuron.check import _int64_problems
+
+    assert _int64_problems(["neuronx-cc", "compile", *flags], variant) == problems

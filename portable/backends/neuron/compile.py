@@ -8,8 +8,9 @@ Contract (docs/cli.md, "Compiling for Neuron"; /work/shared/reference/neuron.md)
   the NEFF (`--output`, `graph.neff`) on disk. The log is `log-neuron-cc.txt` (`--logfile`) beside
   `command.txt`; if the compiler died before writing it, its console output is written there.
 - Any other outcome raises `NeuronCompileError` naming the program, the exit status, every
-  `NCC_XXXX000` code in the output with its meaning and fix, and the log: exit -9 (SIGKILL, the
-  host ran out of memory), -6 / -11 (the compiler crashed), a timeout, or an ordinary failure.
+  `NCC_` code in the output (three- or four-letter families: `NCC_EVRF001`, `NCC_CFG015`;
+  ncc_codes.py) with its meaning and fix, and the log: exit -9 (SIGKILL, the host ran out of
+  memory), -6 / -11 (the compiler crashed), a timeout, or an ordinary failure.
 - `compile_all` compiles every program of a `neuron` output in parallel (as `scripts/compile.sh`
   does) and returns one `CompileResult` per program, failures included; it raises only when
   there is nothing to compile.
@@ -37,6 +38,10 @@ from typing import Any
 from portable.errors import BackendError
 from portable.file_digest import sha256_file
 
+from .ncc_codes import CODE as _CODE
+from .ncc_codes import NCC_CODES
+from .ncc_codes import UNKNOWN_CODE as _UNKNOWN_CODE
+
 __all__ = [
     "COMMAND",
     "COMPILER",
@@ -60,71 +65,8 @@ COMMAND = "command.txt"
 NEFF = "graph.neff"
 LOG = "log-neuron-cc.txt"
 PASS_MARKER = "Compiler status PASS"
-_CODE = re.compile(r"\bNCC_[A-Z]+[0-9]+\b")
 _TAIL_LINES = 12
 
-_SPLIT = (
-    "make the program smaller: split it into pipeline stages or shard it with tensor parallelism"
-)
-# code -> (what it means, what to do). Meanings paraphrase the Neuron compiler's error-code
-# reference (compiler/error-codes in the Neuron docs) and /work/shared/reference/neuron.md.
-NCC_CODES: dict[str, tuple[str, str]] = {
-    "NCC_EARG001": (
-        "the logical NeuronCore configuration is not supported by the target",
-        "use --logical-nc-config=2 on trn2/trn3 (equal to the runtime's "
-        "NEURON_LOGICAL_NC_CONFIG) and omit it for trn1/inf2",
-    ),
-    "NCC_EBVF030": ("the program needs more instructions than the compiler allows", _SPLIT),
-    "NCC_EVRF007": ("the program exceeds the compiler's instruction-count limit", _SPLIT),
-    "NCC_EVRF001": (
-        "an operator the compiler does not support",
-        "`portable check DIR` names the HLO instruction and the model line; rewrite it with a "
-        "supported op (`neuronx-cc list-operators --framework XLA` lists them)",
-    ),
-    "NCC_EMOD025": (
-        "a dynamic shape: every tensor dimension must be static",
-        "capture with static shapes, one program per shape bucket",
-    ),
-    "NCC_EHCA005": (
-        "a custom call whose target the compiler does not recognise",
-        "only allow-listed custom calls (AwsNeuron*) may reach neuronx-cc; `portable check DIR` "
-        "lists the offending instruction",
-    ),
-    "NCC_EVRF015": (
-        "a custom call whose target the compiler does not recognise",
-        "only allow-listed custom calls (AwsNeuron*) may reach neuronx-cc; `portable check DIR` "
-        "lists the offending instruction",
-    ),
-    "NCC_EOOM001": (
-        "the activations need more device memory (HBM) than a core has",
-        "reduce batch or sequence length, or shard with tensor / pipeline parallelism",
-    ),
-    "NCC_EOOM002": (
-        "the activations need more device memory (HBM) than a core has",
-        "reduce batch or sequence length, or shard with tensor / pipeline parallelism",
-    ),
-    "NCC_ESFH002": (
-        "an unsigned 64-bit integer constant that does not fit in 32 bits",
-        "use 32-bit integers (int32 / uint32) for that value",
-    ),
-    "NCC_EVRF005": (
-        "an FP8 *FNUZ data type, which NeuronCores do not support",
-        "use float8_e4m3fn / float8_e5m2 (or bf16)",
-    ),
-    "NCC_EVRF051": (
-        "float8_e4m3fn, which only Trn3 and later support",
-        "target trn3, or use float8_e4m3 / float8_e5m2 on trn1/trn2",
-    ),
-    "NCC_EVRF052": (
-        "float8_e4m3 (max 240), which hardware after Trn3 does not support",
-        "use float8_e4m3fn",
-    ),
-}
-
-_UNKNOWN_CODE = (
-    "a code portable has no explanation for",
-    "look the code up in the Neuron compiler's error-code reference",
-)
 _SIGNALS: dict[int, str] = {
     signal.SIGKILL: "out_of_memory",
     signal.SIGABRT: "crashed",

@@ -75,7 +75,7 @@ explain() {  # key status dir: say why a compile failed, with the NCC_* codes in
     *) echo "${key}: neuronx-cc failed (exit ${status}); see ${dir}/@LOG@" >&2 ;;
   esac
   codes="$(cat "${dir}/@LOG@" "${dir}/compile.out" 2>/dev/null \
-    | grep -oE 'NCC_[A-Z]{4}[0-9]{3}' | sort -u | tr '\n' ' ' || true)"
+    | grep -oE 'NCC_[A-Z]{3,4}[0-9]{3}' | sort -u | tr '\n' ' ' || true)"
   if [[ -n "${codes}" ]]; then
     echo "${key}: error codes ${codes}(see docs/backends/neuron.md)" >&2
   fi

@@ -506,6 +506,18 @@ def test_int64_warning_names_the_node_and_line():
     assert "the int64 line" in warning.source and "int32" in warning.what
 
 
+def test_manifest_states_the_layout_and_target_claims_exactly(lowered):
+    _, out = lowered("mlp", "inference")
+    manifest = json.loads((out / "manifest.json").read_text())
+    layout = manifest["compile"]["layout"]
+    assert "model/graph.hlo, graph.neff and the compiler log" in layout["nxd_model_builder"]
+    assert "_tp0_bk<N>" in layout["nxd_model_builder"]
+    for ours in ("command.txt", "io_spec.json", "manifest.json", "scripts/compile.sh"):
+        assert ours in layout["portable_only"]
+    assert "not yet in the 2.32 CLI reference" in manifest["toolchain"]["target_flag"]
+    assert "trn2 and later" in manifest["toolchain"]["int64_flags"]
+
+
 @pytest.mark.parametrize("stem", ["gpt", "llama"])
 @pytest.mark.parametrize("kind", ["inference", "training"])
 def test_token_models_give_no_int64_warning(lowered, stem, kind):

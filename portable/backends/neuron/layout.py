@@ -10,6 +10,12 @@
 
 After a real compile, graph.neff and log-neuron-cc.txt appear beside command.txt. Every file is
 written to a temporary name and renamed, so a reader never sees half a file.
+
+What follows NxD ModelBuilder's layout (`<workdir>/<tag>/_tp0_bk<N>/model/graph.hlo`, with the NEFF
+and the compiler log beside `model/`): model/graph.hlo, graph.neff and the log, only. The
+`programs/<key>/` directory (in place of `<tag>/_tp0_bk<N>/`), command.txt, io_spec.json, the
+text and StableHLO copies, manifest.json and scripts/compile.sh are portable's own
+(manifest.LAYOUT says the same in every manifest).
 """
 
 from __future__ import annotations

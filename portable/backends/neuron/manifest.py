@@ -34,7 +34,20 @@ TOOLCHAIN = {
     "input": "serialized HloModuleProto (model/graph.hlo), tuple root",
     "expected": "Neuron SDK 2.32 or later (neuronx-cc from AWS's Neuron package repository); "
     "flags follow the 2.32/2.33 documentation: verify them against the installed neuronx-cc",
-    "int64_flags": "pinned: --native-int64=disabled --implicit-integer-downcast=all",
+    "int64_flags": "pinned: --implicit-integer-downcast=all on every target, "
+    "--native-int64=disabled on trn2 and trn3 (the 2.32 CLI reference: only available on trn2 "
+    "and later)",
+    "target_flag": "--target=trn3 is what AWS's own code passes (NKI MX examples, NxD's hardware "
+    "enum) but is not yet in the 2.32 CLI reference, which lists inf2, trn1, trn1n and trn2",
+}
+
+LAYOUT = {
+    "nxd_model_builder": "model/graph.hlo, graph.neff and the compiler log sit as NxD "
+    "ModelBuilder places them (<workdir>/<tag>/_tp0_bk<N>/model/graph.hlo, the NEFF and log "
+    "beside model/)",
+    "portable_only": "programs/<key>/ in place of <tag>/_tp0_bk<N>/, command.txt, io_spec.json, "
+    "model/graph.hlo.txt, model/graph.stablehlo.mlir, manifest.json and scripts/compile.sh are "
+    "portable's own: no Neuron tool reads them",
 }
 
 NEEDS_HARDWARE = (
@@ -109,6 +122,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
             "outputs": [NEFF_FILE, LOG_FILE],
             "success": "exit 0 and 'Compiler status PASS' in the log",
             "cache_key": "sha256(model/graph.hlo bytes + command.txt bytes), per compiler version",
+            "layout": LAYOUT,
         },
         "programs": [_program(p, lowered.ranks) for p in lowered.programs],
         "collectives": _merged_collectives(lowered),

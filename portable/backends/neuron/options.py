@@ -27,7 +27,9 @@ class NeuronOptions:
     `model_type`, `auto_cast`, `optlevel` become `--model-type`, `--auto-cast`, `-O<n>`.
     `hbm_headroom` is the fraction of a core's HBM kept free: an estimate above
     (1 - headroom) x budget is a warning, above the budget an error.
-    `max_instructions` is the HLO instruction count above which the graph-size warning fires.
+    `max_instructions` is the HLO instruction count above which the graph-size warning fires:
+    a heuristic for compile time and host memory. No HLO instruction limit is published; the
+    compiler's limit (NCC_EVRF007 / EBVF030 / EXTP004) is on the instructions it generates.
     `visible_cores` is the NEURON_RT_VISIBLE_CORES the manifest recommends for a single-device
     program (a per-rank program's ranges are computed per node from the topology).
     `topology` places the ranks on nodes (targets.TOPOLOGIES): "trn3-gen1" (4 servers x 16

@@ -265,7 +265,7 @@ def control_flow(ctx: Context) -> Iterator[Finding]:
                 "`while` without a constant trip count (data-dependent loop)",
                 "loop a fixed number of times (fori_loop / scan with static bounds, or unroll) "
                 "and mask the extra iterations",
-                ncc="NCC_EVRF001",
+                # no NCC code published: JAX NeuronX known issues (static while loops only)
             )
 
 
@@ -278,7 +278,7 @@ def reductions(ctx: Context) -> Iterator[Finding]:
                 f"variadic reduce over {len(ins.leaves)} operands (argmax/argmin-style)",
                 "reduce one operand at a time (max, then the first index equal to it via a "
                 "second reduce), or use AwsNeuronArgMax/ArgMin through a neuron override",
-                ncc="NCC_EVRF001",
+                # no NCC code published: JAX NeuronX known issues (variadic reductions)
             )
 
 

@@ -516,6 +516,9 @@ def test_manifest_states_the_layout_and_target_claims_exactly(lowered):
         assert ours in layout["portable_only"]
     assert "not yet in the 2.32 CLI reference" in manifest["toolchain"]["target_flag"]
     assert "trn2 and later" in manifest["toolchain"]["int64_flags"]
+    needs = manifest["verification"]["needs_hardware"]
+    assert any("--target=trn3 included" in s for s in needs)
+    assert any("readings of the documentation" in s and "TOTALORDER" in s for s in needs)
 
 
 @pytest.mark.parametrize("stem", ["gpt", "llama"])

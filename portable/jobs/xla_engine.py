@@ -10,7 +10,9 @@ DCP reshards into any plan's DTensors on load.
 "neuron": the HLO `portable lower --target neuron:trn3` writes) over the devices of the Neuron
 PJRT plugin (jax-neuronx on a Trn host). Where that plugin is absent the engine stops with a
 BackendError naming the boundary, unless PORTABLE_NEURON_STAND_IN=cpu, which runs the same neuron
-lowering on XLA:CPU devices: how this path is tested off Trainium.
+lowering on XLA:CPU devices: how this path is tested off Trainium. The devices are chosen by the
+neuron backend's helper (backends/neuron/devices.py), which `portable.compile(program, "neuron")`
+uses too.
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ from typing import Any
 
 import torch
 
+from ..backends.neuron.devices import NEURON_STAND_IN, neuron_devices
 from ..backends.xla.spmd import spmd_function, to_torch
 from ..errors import BackendError
 from ..ir.signature import InputKind, OutputKind
@@ -31,8 +34,6 @@ from .engine import StepOut
 from .prepare import JobFiles
 
 __all__ = ["NEURON_STAND_IN", "XlaEngine"]
-
-NEURON_STAND_IN = "PORTABLE_NEURON_STAND_IN"
 
 
 def _devices(platform: str) -> list[Any]:
@@ -45,17 +46,7 @@ def _devices(platform: str) -> list[Any]:
 
     if platform == "xla":
         return jax.devices("cpu")
-    try:
-        return jax.devices("neuron")
-    except RuntimeError as exc:
-        if os.environ.get(NEURON_STAND_IN) == "cpu":
-            return jax.devices("cpu")
-        raise BackendError(
-            "the neuron engine needs the Neuron PJRT plugin (jax-neuronx with libneuronxla on a "
-            f"Trn host); JAX here has no neuron devices ({str(exc).splitlines()[0]})",
-            fix="run on a trn1/trn2/trn3 host with the Neuron SDK's jax-neuronx installed; off "
-            f"Trainium, {NEURON_STAND_IN}=cpu runs the same neuron lowering on XLA:CPU",
-        ) from exc
+    return neuron_devices()  # the plugin's devices, XLA:CPU with the stand-in, or BackendError
 
 
 class XlaEngine:

@@ -11,8 +11,10 @@ write(lowered, out_dir) -> the layout of layout.py and manifest.json
 compile(written, neuronx-cc, jobs) -> a NEFF and log per program, where neuronx-cc is installed
       (compile.py; `lower --compile`)
 check(folder, archive) -> the offline validator again on a written folder (check.py)
-executable -> BackendError: NeuronCores are not here; the artifacts are compiled and run on a
-Trn host (`scripts/compile.sh`, docs/backends/neuron.md).
+executable(written) -> where JAX has neuron devices (the Neuron PJRT plugin on a Trn host, or
+      XLA:CPU with PORTABLE_NEURON_STAND_IN=cpu; devices.py), the same JAX lowering run on them
+      (run.py); elsewhere BackendError: the artifacts are compiled and run on a Trn host
+      (`scripts/compile.sh`, docs/backends/neuron.md).
 """
 
 from __future__ import annotations
@@ -71,7 +73,15 @@ class NeuronBackend(Backend):
         )
 
     def can_execute_here(self) -> tuple[bool, str]:
-        return False, self.unavailable() or _NOT_HERE
+        """True where JAX has neuron devices (devices.neuron_here: the plugin is looked for
+        before JAX is imported)."""
+        from .devices import neuron_here
+
+        missing = self.unavailable()
+        if missing:
+            return False, missing
+        ok, why = neuron_here()
+        return ok, "" if ok else f"{_NOT_HERE} ({why})"
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .artifact import NeuronLowered
@@ -211,19 +221,31 @@ class NeuronBackend(Backend):
         return check_folder(Path(folder), archive)
 
     def executable(self, compiled: Written) -> Executable:
+        """The lowering run through JAX on the neuron devices here (run.py); BackendError
+        naming the backends that run here when there are none."""
         from .. import get_backend, registry
+        from .devices import NEURON_STAND_IN, neuron_devices
+        from .run import neuron_executable
 
-        runnable = [
-            n for n in registry.names() if n != self.name and get_backend(n).can_execute_here()[0]
-        ]
-        target = compiled.lowered.target.variant or DEFAULT_VARIANT
-        raise BackendError(
-            "neuron programs run on Trainium; lowered artifacts are written, use "
-            f"`portable lower --target neuron:{target}`; backends that run here: "
-            + ", ".join(runnable),
-            fix="compile and run the written artifacts on a Trn host (scripts/compile.sh; "
-            "docs/backends/neuron.md)",
-        )
+        try:
+            devices = neuron_devices()
+        except BackendError as exc:
+            runnable = [
+                n
+                for n in registry.names()
+                if n != self.name and get_backend(n).can_execute_here()[0]
+            ]
+            target = compiled.lowered.target.variant or DEFAULT_VARIANT
+            raise BackendError(
+                "neuron programs run on Trainium; lowered artifacts are written, use "
+                f"`portable lower --target neuron:{target}`; backends that run here: "
+                + ", ".join(runnable),
+                fix="compile and run the written artifacts on a Trn host (scripts/compile.sh; "
+                "docs/backends/neuron.md), or run there with jax-neuronx installed, where "
+                f"portable.compile(program, 'neuron') runs on the NeuronCores; {NEURON_STAND_IN}"
+                "=cpu runs the same lowering on XLA:CPU here",
+            ) from exc
+        return neuron_executable(compiled.lowered.program, compiled.payload, devices, self.name)
 
 
 def _fp64_findings(program: Program, changed: list[str]) -> list[Finding]:

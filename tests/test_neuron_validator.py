@@ -664,3 +664,26 @@ def test_complex64_only_on_the_documented_ops():
     )
     wide = [f.what for f in findings if f.instruction == "wide"]
     assert any("complex128" in w for w in wide) and complex_["wide"].ncc == "NCC_EVRF004"
+
+
+def test_int64_analysis_handles_long_chains_across_calls():
+    """3000 dependent int64 adds, then a call: the analysis runs in dependency order, not by
+    deep recursion (a recursion limit would fail here)."""
+    n = 3000
+    lines = [
+        "  %x0 = s64[4]{0} iota(), iota_dimension=0",
+        "  %one = s64[] constant(1)",
+        "  %ones = s64[4]{0} broadcast(%one), dimensions={}",
+    ]
+    lines += [f"  %x{i} = s64[4]{{0}} add(%x{i - 1}, %ones)" for i in range(1, n)]
+    lines += [
+        f"  %c = s64[4]{{0}} call(%x{n - 1}), to_apply=%f",
+        "  ROOT %t = (s64[4]{0}) tuple(%c)",
+    ]
+    callee = """%f (a: s64[4]) -> s64[4] {
+  %a = s64[4]{0} parameter(0)
+  ROOT %n = s64[4]{0} negate(%a)
+}
+"""
+    module = _module(_entry("s64[4]", "\n".join(lines), ""), computations=callee)
+    assert _findings(module) == []  # every value within [-3002, 3002]

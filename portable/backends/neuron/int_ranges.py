@@ -65,7 +65,8 @@ def type_range(element: str) -> Interval | None:
 
 
 # what a 64-bit element type computed in 32 bits keeps exactly
-FITS = {"s64": Interval(-(1 << 31), (1 << 31) - 1), "u64": Interval(0, (1 << 32) - 1)}
+# (the CLI reference says int64 becomes int32; u64 is held to the same non-negative int32 range)
+FITS = {"s64": Interval(-(1 << 31), (1 << 31) - 1), "u64": Interval(0, (1 << 31) - 1)}
 _BOUNDED = 1 << 30  # an offset added to an index keeps the index's int32 headroom below this
 
 _MOVE = frozenset(
@@ -107,6 +108,11 @@ class IntRanges:
         tuple plumbing compute nothing; a reducer's or comparator's instructions are judged at
         the reduce (scatter, sort, ...) that applies them, whose result bounds their partial
         results."""
+        order = self._dependency_order()
+        for ins in order:  # operands (and callers' operands, callee roots) first: shallow
+            self.value(ins)
+        for ins in reversed(order):  # users first
+            self.index_only(ins)
         for ins in self.module.instructions():
             if ins.opcode in ("parameter", "tuple", "get-tuple-element"):
                 continue
@@ -136,6 +142,39 @@ class IntRanges:
             self._index[key] = False  # in progress: a cycle proves nothing
             self._index[key] = self._index_uses(ins)
         return self._index[key]
+
+    def _dependencies(self, ins: Instruction) -> list[Instruction]:
+        """What `value(ins)` reads: its operands, a callee's root (call), the callers' operands
+        (a called computation's parameter). `index_only` reads the reverse edges."""
+        deps = [o for k in range(len(ins.operands)) if (o := self._operand(ins, k)) is not None]
+        if ins.opcode == "call":
+            comp = self.module.computation(ins.called("to_apply") or "")
+            deps += [comp.root] if comp is not None else []
+        elif ins.opcode == "parameter":
+            number = ins.parameter_number or 0
+            for call in self._callers.get(ins.computation, []):
+                deps += [o] if (o := self._operand(call, number)) is not None else []
+        return deps
+
+    def _dependency_order(self) -> list[Instruction]:
+        """Every instruction after its dependencies (iterative depth-first post-order), so that
+        the memoized recursions of `value` and `index_only` stay shallow on long chains."""
+        order: list[Instruction] = []
+        done: set[tuple[str, str]] = set()
+        for start in self.module.instructions():
+            stack = [(start, False)]
+            while stack:
+                ins, expanded = stack.pop()
+                key = (ins.computation, ins.name)
+                if expanded:
+                    order.append(ins)
+                    continue
+                if key in done:
+                    continue
+                done.add(key)
+                stack.append((ins, True))
+                stack.extend((d, False) for d in self._dependencies(ins))
+        return order
 
     # -- intervals ------------------------------------------------------------------------------
 

@@ -114,6 +114,9 @@ class NeuronBackend(Backend):
             records.append(self._lower_one(program, lowered_program, ntarget, notes))
         first = records[0]
         texts = {"graph.hlo.txt": first.hlo_text, "graph.stablehlo.mlir": first.stablehlo}
+        gemms = [g.line() for record in records for g in record.mx_gemms]
+        if gemms:  # one line per MX GEMM: native or emulated, why, the user's line
+            texts["mx_gemms.txt"] = "\n".join(gemms) + "\n"
         payload = NeuronLowered(ntarget, self.options, tuple(records), layout)
         return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
 

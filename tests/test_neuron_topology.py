@@ -213,3 +213,23 @@ def test_a_group_across_nodes_must_have_the_same_ranks_on_each_node():
     assert _codes(uneven, resolve_target("trn3"), "replica-groups-symmetric") == []
     even = _module(["{{0,1,16,17},{2,3,18,19}}"])
     assert _codes(even, gen2, "replica-groups-symmetric") == []
+
+
+def test_a_trn1_tp4_program_is_lowered_with_nxds_groups_and_rank_formula(tmp_path):
+    from portable.ir.plan import Plan
+    from portable.passes.spmd_partition import partition
+    from tests.spmd_cases import tp_rules, training_program
+    from tests.support import load_spec
+
+    program, _ = training_program(load_spec("gpt"))
+    plan = Plan(Mesh({"dp": 8, "tp": 4}), rules=tp_rules("gpt"))  # 32 ranks: one trn1.32xlarge
+    per_rank, _ = partition(program.replace(plan=plan))
+    portable.lower(per_rank, "neuron:trn1", tmp_path)
+    manifest = json.loads((tmp_path / "manifest.json").read_text())
+    (prog,) = manifest["programs"]
+    assert prog["rank_input"]["coordinates"] == {"tp": "rank_id / 8"}  # local_shard's chunk
+    tp, _, _ = _nxd_trn1_tp4(32, 1)
+    groups = {tuple(map(tuple, c["replica_groups"])) for c in prog["replica_groups"]}
+    assert groups == {tuple(map(tuple, sorted(tp)))}
+    assert manifest["spmd"]["rank_order"].startswith("NxD's trn1 TP=4 layout")
+    assert manifest["runtime_env"]["NEURON_RT_VISIBLE_CORES"]["value"] == "0-31"

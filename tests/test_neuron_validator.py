@@ -687,3 +687,15 @@ def test_int64_analysis_handles_long_chains_across_calls():
 """
     module = _module(_entry("s64[4]", "\n".join(lines), ""), computations=callee)
     assert _findings(module) == []  # every value within [-3002, 3002]
+
+
+def test_u64_constants_beyond_32_bits_are_refused():
+    body = """  %small = u64[2]{0} constant({1, 4294967295})
+  %big = u64[] constant(4294967296)
+  %b = u64[2]{0} broadcast(%big), dimensions={}
+  %s = u64[2]{0} add(%small, %b)
+  ROOT %t = (u64[2]{0}) tuple(%s)"""
+    findings = _findings(_module(_entry("u64[2]", body, "")))
+    (finding,) = [f for f in findings if f.severity is Severity.ERROR]
+    assert finding.code == "u64-constant" and finding.instruction == "big"
+    assert finding.ncc == "NCC_ESFH002" and "4294967296" in finding.what

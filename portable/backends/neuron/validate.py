@@ -30,7 +30,7 @@ from .options import NeuronOptions
 from .targets import NeuronTarget
 from .validate_collectives import COLLECTIVES, collectives
 from .validate_mx import mx_custom_calls
-from .validate_ops import dtypes, shifts, sorts, windows
+from .validate_ops import constants, dtypes, shifts, sorts, windows
 from .validate_program import hbm_budget, interface
 
 __all__ = [
@@ -396,6 +396,7 @@ CHECKS: tuple[Check, ...] = (
     custom_calls,
     mx_custom_calls,
     dtypes,
+    constants,
     int64_values,
     fp32_accumulation,
     collectives,

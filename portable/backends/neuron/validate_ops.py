@@ -8,6 +8,7 @@ Neuron data-types page, or the JAX NeuronX known issues (sort comparators) where
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ from .targets import NeuronTarget
 if TYPE_CHECKING:
     from .validate import Context
 
-__all__ = ["C64_OPCODES", "FP8_FORMATS", "dtypes", "shifts", "sorts", "windows"]
+__all__ = ["C64_OPCODES", "FP8_FORMATS", "constants", "dtypes", "shifts", "sorts", "windows"]
 
 # Neuron 2.32 compiler release notes: complex64 is supported on these operations (StableHLO
 # names mapped to HLO opcodes: broadcast_in_dim -> broadcast, dot_general -> dot, and the
@@ -41,6 +42,7 @@ FP8_FORMATS = {
 }
 _FNUZ = ("f8e4m3fnuz", "f8e4m3b11fnuz", "f8e5m2fnuz")
 _SORT_DIRECTIONS = frozenset({"LT", "LE", "GT", "GE"})
+_U32_MAX = (1 << 32) - 1
 
 
 def windows(ctx: Context) -> Iterator[Finding]:
@@ -145,6 +147,24 @@ def sorts(ctx: Context) -> Iterator[Finding]:
             "sort on one key (fold several keys into one, e.g. key * n + secondary, or sort "
             "stably on the secondary key first, then on the primary key with num_keys=1)",
         )
+
+
+def constants(ctx: Context) -> Iterator[Finding]:
+    """A u64 constant above 2^32 - 1, which the compiler cannot convert to 32 bits
+    (NCC_ESFH002). Only constants whose values are printed can be checked (XLA elides large
+    ones)."""
+    for ins in ctx.module.instructions():
+        if ins.opcode != "constant" or [leaf.element for leaf in ins.leaves] != ["u64"]:
+            continue
+        values = [int(v) for v in re.findall(r"\d+", ins.literal)]
+        if values and max(values) > _U32_MAX:
+            yield ctx.error(
+                ins,
+                "u64-constant",
+                f"u64 constant {max(values)} does not fit in 32 bits",
+                "use uint32 / int32 for the constant, or restructure the code to avoid it",
+                ncc="NCC_ESFH002",
+            )
 
 
 def dtypes(ctx: Context) -> Iterator[Finding]:

@@ -124,7 +124,7 @@ def test_the_manifest_and_report_list_each_gemm(model, tmp_path):
     first = summary["gemms"][0]
     assert set(first) == {"program", "node", "role", "lowering", "source"}
     assert "element 4i in the low byte" in " ".join(summary["native"]["assumed"])
-    report = lowered.texts["mx_gemms.txt"].splitlines()
+    report = lowered.texts["report.txt"].splitlines()
     assert len(report) == len(record.mx_gemms) and " forward native (" in report[0]
 
 

@@ -153,6 +153,11 @@ class Capabilities:
 INTEGER_DTYPES = ("int64", "int32", "int16", "int8", "uint8")
 
 
+# `Lowered.texts` entry with the lines a backend reports about its lowering (its decisions,
+# one per line); `portable lower` prints them under the target
+REPORT_TEXT = "report.txt"
+
+
 @dataclasses.dataclass
 class Lowered:
     program: Program

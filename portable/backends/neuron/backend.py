@@ -28,6 +28,7 @@ from portable.ir.source import source_of
 from portable.runtime import Executable
 
 from ..base import (
+    REPORT_TEXT,
     Backend,
     Capabilities,
     CheckedProgram,
@@ -115,8 +116,8 @@ class NeuronBackend(Backend):
         first = records[0]
         texts = {"graph.hlo.txt": first.hlo_text, "graph.stablehlo.mlir": first.stablehlo}
         gemms = [g.line() for record in records for g in record.mx_gemms]
-        if gemms:  # one line per MX GEMM: native or emulated, why, the user's line
-            texts["mx_gemms.txt"] = "\n".join(gemms) + "\n"
+        if gemms:  # the lowering report: one line per MX GEMM (native or emulated, why, where)
+            texts[REPORT_TEXT] = "\n".join(gemms) + "\n"
         payload = NeuronLowered(ntarget, self.options, tuple(records), layout)
         return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
 

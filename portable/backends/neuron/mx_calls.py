@@ -230,8 +230,10 @@ def pack_numpy(codes: np.ndarray, dim: int) -> np.ndarray:
     """`pack` in NumPy (tests and tools): u8 codes -> u32 words along `dim`."""
     moved = np.moveaxis(codes.astype(np.uint32), dim, -1)
     words = moved.reshape(*moved.shape[:-1], -1, PACK)
-    packed = sum(words[..., i] << np.uint32(8 * i) for i in range(PACK))
-    return np.moveaxis(packed.astype(np.uint32), -1, dim)
+    packed = np.zeros(words.shape[:-1], np.uint32)
+    for i in range(PACK):
+        packed |= words[..., i] << np.uint32(8 * i)
+    return np.moveaxis(packed, -1, dim)
 
 
 def format_of(element_dtype: str) -> str | None:

@@ -248,3 +248,22 @@ def test_stand_in_matches_the_cpu_reference_under_the_mx_parity_policy():
     assert kinds["loss"] == STEPS and kinds["state"] and kinds["mx"]
     bad = [r for r in rows if not r.ok and not r.quantity.startswith("mx input")]
     assert bad == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_inference_gemms_lower_natively_in_f16_and_bf16(dtype):
+    # f16 GEMMs get an f32 block-scaled dot (EVRF045: f32 or bf16 only) converted to f16
+    torch.manual_seed(0)
+    layers = [torch.nn.Linear(64, 128), torch.nn.GELU(), torch.nn.Linear(128, 64)]
+    model = torch.nn.Sequential(*layers).to(dtype)
+    x = torch.randn(32, 64).to(dtype)
+    program = portable.capture(model, (x,))
+    recipe = "mx-quantize{format=e5m2,scale=emax,keep_first_last=false}"
+    program, _ = PassManager(parse_pipeline(recipe)).run(program)
+    _, native = _lower(program, "trn3")
+    assert [(g.role, g.lowering) for g in native.mx_gemms] == [("forward", "native")] * 2
+    assert _calls(native) == {"QuantizeMX": 4, "__op$block_scaled_dot": 2}
+    flat = list(portable.runtime.flatten_inputs(program, [x], program.weights))
+    got = HloRunner(_lower(program, "trn3", mx="stand-in")[1])(flat)
+    want = HloRunner(_lower(program, "trn2")[1])(flat)
+    assert got[0].dtype == dtype and all(torch.equal(g, w) for g, w in zip(got, want, strict=True))

@@ -88,6 +88,7 @@ def test_trn3_lowers_every_mx_gemm_to_the_custom_calls(model):
     # the lowering validated it; every EVRF rule again, on the module read back from the proto
     errors = [f for f in validate(record.module, record_target("trn3")) if f.is_error]
     assert errors == []
+    assert not [f for f in record.findings if f.code.startswith("mx-")]  # nor layout warnings
     configs = {
         ins.attrs["backend_config"]
         for ins in record.module.instructions()

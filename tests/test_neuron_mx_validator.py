@@ -53,9 +53,10 @@ ENTRY %main (a: {lhs}, b: {rhs}, sa: u8[8,2], sb: u8[4,2]) -> ({result}) {{
 }}"""
 
 
-def _mx_findings(text: str, variant: str = "trn3"):
+def _mx_findings(text: str, variant: str = "trn3", severity: str = "error"):
     module = module_from_proto(proto_from_text(text))
-    return [f for f in validate(module, TARGETS[variant]) if f.code.startswith("mx-")]
+    found = validate(module, TARGETS[variant])
+    return [f for f in found if f.code.startswith("mx-") and f.severity.value == severity]
 
 
 def _only(text: str):
@@ -218,3 +219,36 @@ def test_block_scaled_dot_undocumented_rules_have_no_code():
     assert rhs.ncc is None and "must be U32 like the LHS" in rhs.what
     element = _only(_dot(config=DOT_CONFIG.replace("float8_e4m3fn", "float4_e2m1fn")))
     assert element.ncc is None and "element_dtype 'float4_e2m1fn'" in element.what
+
+
+# ---------------------------------------------------------------------- the assumed layout
+
+CHAIN = f"""HloModule m
+ENTRY %main (x: bf16[8,64], w: bf16[4,64]) -> (f32[8,4]) {{
+  %x = bf16[8,64] parameter(0)
+  %w = bf16[4,64] parameter(1)
+  %qx = (u32[8,16]{{1,0}}, u8[8,2]{{1,0}}) custom-call(%x), custom_call_target="QuantizeMX", backend_config={Q_CONFIG}
+  %qw = (u32[4,16]{{1,0}}, u8[SCALES]{{1,0}}) custom-call(%w), custom_call_target="QuantizeMX", backend_config={Q_CONFIG}
+  %a = u32[8,16] get-tuple-element(%qx), index=0
+  %b = u32[4,16] get-tuple-element(%qw), index=0
+  %sa = u8[8,2] get-tuple-element(%qx), index=1
+  %sb = u8[SCALES] get-tuple-element(%qw), index=1
+  %d = f32[8,4] custom-call(%a, %b, %sa, OPERAND), custom_call_target="__op$block_scaled_dot", backend_config={DOT_CONFIG}
+  ROOT %t = (f32[8,4]) tuple(%d)
+}}"""
+
+
+def test_a_quantize_dot_chain_in_the_assumed_layout_has_no_findings():
+    text = CHAIN.replace("SCALES", "4,2").replace("OPERAND", "%sb")
+    assert _mx_findings(text) == _mx_findings(text, severity="warning") == []
+
+
+def test_departures_from_the_assumed_layout_are_warnings():
+    scales = _mx_findings(
+        CHAIN.replace("SCALES", "4,4").replace("OPERAND", "%sb"), "trn3", "warning"
+    )
+    assert [f.instruction for f in scales] == ["qw"] and "expected u8[4, 2]" in scales[0].what
+    (fed,) = _mx_findings(
+        CHAIN.replace("SCALES", "4,2").replace("OPERAND", "%sa"), "trn3", "warning"
+    )
+    assert fed.ncc is None and "rhs_scale (sa) is the scales of qx, its data of qw" in fed.what

@@ -24,6 +24,9 @@ the contracting dim defaulting to each operand's last):
   EVRF054 a batch dim outside [0, rank)      EVRF055 the first contracting dim outside [0, rank)
 Our own rules, without a documented code (ncc None): the quantized dim a multiple of the
 block (32); the rhs U32 like the lhs; `element_dtype`, when given, an FP8 name QuantizeMX makes.
+Warnings for what the pages leave open, in the layout portable assumes (mx_calls.py): QuantizeMX's
+scales u8 with the quantized dim / 32; block_scaled_dot's operands QuantizeMX's outputs (data,
+data, scales, scales: get-tuple-element 0, 0, 1, 1).
 """
 
 from __future__ import annotations
@@ -66,9 +69,11 @@ def mx_custom_calls(ctx: Context) -> Iterator[Finding]:
                 problems = _quantize(ins, operands)
             else:
                 problems = _scaled_dot(ins, operands)
+            code = "mx-quantize" if ins.custom_call_target == QUANTIZE_MX else "mx-scaled-dot"
             for ncc, what, fix in problems:
-                code = "mx-quantize" if ins.custom_call_target == QUANTIZE_MX else "mx-scaled-dot"
                 yield ctx.error(ins, code, what, fix, ncc=f"NCC_{ncc}" if ncc else None)
+            for what, fix in _layout(ins, by_name, operands):
+                yield ctx.warning(ins, code, what, fix)
 
 
 Problem = tuple[str | None, str, str]
@@ -384,4 +389,50 @@ def _dims_rules(config: dict[str, Any], lhs: ArrayType, rhs: ArrayType) -> list[
                     "batch dims of equal total size",
                 )  # fmt: skip
             )
+    return out
+
+
+# ---------------------------------------------------------------------- the assumed layout
+
+_FROM = "assumed layout (undocumented): "
+
+
+def _layout(
+    ins: Instruction, by_name: dict[str, Instruction], operands: list[ArrayType | None]
+) -> list[tuple[str, str]]:
+    """(what, fix) warnings where a call departs from the layout mx_calls.py assumes."""
+    if ins.custom_call_target == QUANTIZE_MX:
+        x, config = operands[0] if operands else None, _config(ins)[1]
+        dim = config.get("dim", 0) if isinstance(config, dict) else None
+        d = _quantize_dim(x, dim) if x is not None else None
+        if d is None or not ins.is_tuple or len(ins.leaves) != 2:
+            return []
+        scales = ins.leaves[1]
+        want = tuple(-(-n // _BLOCK) if k == d else n for k, n in enumerate(x.dims))  # type: ignore[union-attr]
+        if scales.element == "u8" and scales.dims == want:
+            return []
+        return [(f"{_FROM}QuantizeMX scales {scales}, expected u8{list(want)}",
+                 "declare the scales u8 with the quantized dim / 32")]  # fmt: skip
+    if len(ins.operands) != 4:  # EVRF043 says it
+        return []
+    out, producers = [], []
+    roles = ("lhs", "rhs", "lhs_scale", "rhs_scale")
+    for k, (name, index) in enumerate(zip(ins.operands, (0, 0, 1, 1), strict=True)):
+        source = by_name.get(name)
+        producer = by_name.get(source.operands[0]) if source and source.operands else None
+        producers.append(producer.name if producer is not None else None)
+        part = "data" if index == 0 else "scales"
+        if (
+            source is None
+            or source.opcode != "get-tuple-element"
+            or source.attrs.get("index") != str(index)
+            or producer is None
+            or producer.custom_call_target != QUANTIZE_MX
+        ):
+            out.append((f"{_FROM}block_scaled_dot {roles[k]} ({name}) is not QuantizeMX's "
+                        f"{part} output", "feed the dot QuantizeMX's outputs directly"))  # fmt: skip
+        elif k >= 2 and producers[k] != producers[k - 2]:
+            out.append((f"{_FROM}block_scaled_dot {roles[k]} ({name}) is the scales of "
+                        f"{producers[k]}, its data of {producers[k - 2]}",
+                        f"pass the scales of the QuantizeMX that made the {roles[k - 2]}"))  # fmt: skip
     return out

@@ -98,6 +98,14 @@ def test_trn3_lowers_every_mx_gemm_to_the_custom_calls(model):
         '{"block_size":32,"dim":-1,"dtype":"float8_e4m3fn","scale_method":"EMAX"}',
         '{"block_size":32,"dim":-2,"dtype":"float8_e4m3fn","scale_method":"EMAX"}',
     }
+    dots = {
+        ins.attrs["backend_config"]
+        for ins in record.module.instructions()
+        if ins.custom_call_target == "__op$block_scaled_dot"
+    }
+    # forward X[M,K] . W[N,K] along K; input grad dY[M,N] . W[N,K] along N; weight grad
+    # dY[M,N] . X[M,K] along M: contracting (1, 1), (1, 0), (0, 0)
+    assert dots == {mx_calls.dot_config("e4m3", c) for c in ((1, 1), (1, 0), (0, 0))}
 
 
 def record_target(variant: str):

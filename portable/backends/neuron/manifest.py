@@ -253,11 +253,11 @@ def _mx_summary(lowered: NeuronLowered) -> dict[str, Any] | None:
         for ins in prog.module.instructions()
         if ins.opcode == "custom-call" and ins.custom_call_target in MX_CALLS
     )
-    lowering = ("native" if native else "") + ("+" if native and counts else "")
+    parts = (["native"] if native else []) + (["emulated-hlo"] if counts or not native else [])
     return {
         "ops": sum(counts.values()),
         "by_op": dict(sorted(counts.items())),
-        "lowering": lowering + ("emulated-hlo" if counts or not native else ""),
+        "lowering": "+".join(parts),  # native, emulated-hlo, or native+emulated-hlo
         **MX_LOWERING,
         "gemms": gemms,
         "native_gemms": native,

@@ -13,7 +13,7 @@ import torch
 
 import portable
 from portable import mx
-from portable.mx import elements, scale
+from portable.mx import elements, scale, tables
 from portable.mx.vectors import cases, edge_blocks, fuzz
 from tests.support.mx_programs import same_bits
 
@@ -212,6 +212,40 @@ def test_integer_rounding_equals_torch_float8_cast(fmt):
     assert torch.equal(integer, cast)
 
 
+@pytest.mark.parametrize("fmt", FORMATS)
+@pytest.mark.parametrize("rule", RULES)
+def test_scale_tables_equal_the_rule_formulas(fmt, rule):
+    """tables.py: the byte and reciprocal scale looked up by key are those of scale.py's
+    formula, on every threshold of edge_blocks and random bits of every binade."""
+    f = mx.FORMATS[fmt]
+    g = torch.Generator().manual_seed(RULES.index(rule))
+    amax = edge_blocks().abs().amax(dim=1).view(torch.int32)
+    bits = torch.cat([amax, torch.randint(0, 0x7F800000, (20000,), generator=g, dtype=torch.int32)])
+    b_table, rs_table = tables.scale_table(f, rule)
+    key = tables.scale_keys(bits, f, rule)
+    want = scale.scale_bytes(bits, f, rule)
+    assert torch.equal(b_table[key].int(), want)
+    assert same_bits(rs_table[key], scale.reciprocal_scales(want))
+
+
+@pytest.mark.parametrize("fmt", [f for f in FORMATS if tables.uses_encode_table(mx.FORMATS[f])])
+def test_encode_table_equals_integer_rounding(fmt):
+    """The 16-bit key (high bits, low ones folded into bit 16) decides the rounding: ties,
+    one ulp beside them, and random bits of every scaled magnitude, both signs."""
+    f = mx.FORMATS[fmt]
+    g = torch.Generator().manual_seed(5)
+    e = torch.arange(100, 140).repeat_interleave(4096)  # |y| from 2^-27 to 2^12
+    mant = torch.randint(0, 1 << 23, e.shape, generator=g, dtype=torch.int32)
+    mant[::3] &= ~((1 << (22 - f.mbits)) - 1)  # exact ties and grid points
+    mant[1::3] = (mant[1::3] & ~0xFFFF) + torch.randint(0, 2, mant[1::3].shape, generator=g)
+    bits = (e.int() << 23) | mant
+    bits[::2] |= -(2**31)
+    key = tables.encode_keys(bits, torch.empty_like(bits))
+    y, a, work = bits.view(torch.float32).clone(), torch.empty_like(bits), torch.empty_like(bits)
+    want = elements.encode_integer_path(y, bits, f, a, work).to(torch.uint8)
+    assert torch.equal(tables.encode_table(f)[key], want)
+
+
 # ----------------------------------------------------------------------------- properties
 
 
@@ -273,6 +307,9 @@ def test_axis_one_of_a_matrix_is_axis_zero_of_its_transpose():
     assert torch.equal(codes, t_codes.t()) and torch.equal(scales, t_scales.t())
 
 
+DQ = (torch.float32, torch.bfloat16)  # dequantized directly into the output, or through scratch
+
+
 def test_chunking_does_not_change_the_bytes(monkeypatch):
     x = fuzz(19, 64 * 8).view(8, 64, 32)
     want = [mx.quantize(x, f, 1, "even") for f in ("e4m3", "e2m1")]
@@ -280,6 +317,11 @@ def test_chunking_does_not_change_the_bytes(monkeypatch):
     got = [mx.quantize(x, f, 1, "even") for f in ("e4m3", "e2m1")]
     for (gc, gs), (wc, ws) in zip(got, want, strict=True):
         assert torch.equal(gc, wc) and torch.equal(gs, ws)
+    pairs = list(zip(want, ("e4m3", "e2m1"), strict=True))
+    small = [mx.dequantize(*w, f, 1, d) for w, f in pairs for d in DQ]
+    monkeypatch.undo()  # the default CHUNK: whole rows, code pairs decoded at once
+    big = [mx.dequantize(*w, f, 1, d) for w, f in pairs for d in DQ]
+    assert all(same_bits(a, b) for a, b in zip(small, big, strict=True))
 
 
 @pytest.mark.parametrize("fmt", FORMATS)

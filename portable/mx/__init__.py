@@ -9,6 +9,7 @@ cuda backend are checked against them bit for bit.
     elements.py  element rounding (nearest even, subnormals, saturation) and decode tables
     pack.py      FP4 two-per-byte packing
     layout.py    argument checks; the [outer, axis, inner] block layout
+    tables.py    lookup tables of scale.py's and elements.py's formulas, for the CPU kernels
     codec.py     quantize / dequantize
     swizzle.py   the Blackwell 128x4 swizzled scale layout
     vectors.py   test data for every implementation: mx.md's vectors, seeded adversarial inputs

@@ -26,7 +26,7 @@ import torch
 from .formats import MXFormat
 from .pack import pack_fp4
 
-__all__ = ["decode_table", "encode", "encode_integer_path"]
+__all__ = ["decode_pairs", "decode_table", "encode", "encode_integer_path"]
 
 
 def _magnitudes(y: torch.Tensor, fmt: MXFormat, a: torch.Tensor, work: torch.Tensor) -> None:
@@ -103,6 +103,17 @@ def decode_table(fmt: MXFormat) -> torch.Tensor:
     if fmt.packed:
         return torch.stack([_values(byte & 0xF, fmt), _values(byte >> 4, fmt)], dim=1)
     return _values(byte, fmt)
+
+
+@functools.cache
+def decode_pairs(fmt: MXFormat) -> torch.Tensor:
+    """int64 whose two fp32 halves (low first, as in memory) are the values of two elements:
+    of the code bytes `k & 0xFF` and `k >> 8` for 8-bit keys k (uint16 pairs of codes), [65536];
+    of the FP4 byte k's low and high nibble, [256]."""
+    table = decode_table(fmt)
+    if not fmt.packed:
+        table = torch.stack([table.repeat(256), table.repeat_interleave(256)], dim=1)
+    return table.contiguous().view(torch.int64).view(-1)
 
 
 def _values(code: torch.Tensor, fmt: MXFormat) -> torch.Tensor:

@@ -88,6 +88,9 @@ def test_the_neuron_engine_runs_the_neuron_lowering_on_its_stand_in(
     monkeypatch.setenv("PORTABLE_NEURON_STAND_IN", "cpu")
     ours = _continue(tokens, reference, tmp_path / "run", "--engine", "neuron")
     assert worst_relative(ours, losses(reference)) <= 1e-5
+    # the job names no Trainium generation: the backend's default, recorded where the job starts
+    (start,) = events(tmp_path / "run", "start")
+    assert start["lowering"] == {"target": "neuron:trn3", "mx_gemms": []}  # fp32: no MX GEMMs
 
 
 def test_resume_skips_a_truncated_checkpoint_and_continues_bit_for_bit(tokens, reference, tmp_path):

@@ -1,13 +1,17 @@
 """`portable.compile(program, "neuron")` (backends/neuron/run.py, devices.py): where JAX has neuron
 devices it runs the neuron lowering on them; elsewhere it refuses naming what to do. Off
 Trainium the devices are XLA:CPU's (PORTABLE_NEURON_STAND_IN=cpu), and the runs must equal the
-xla backend's bit for bit: inference, training steps with state, and a per-rank program.
+xla backend's bit for bit: inference, training steps with state, and a per-rank program. A trn3
+MX program (mx-quantize{format=e4m3,scale=emax}, bf16) runs its native GEMMs as the custom calls'
+stand-ins there (chosen by the devices' platform), single-device, per-rank, and in the `neuron`
+job engine, and equals the trn2 emulation bit for bit.
 
 What only a Trn host shows: the plugin's neuronx-cc compile and NEFF cache, device numerics
 (bf16/fp8, FP32 accumulation of integer ops), collectives across NeuronCores, and speed."""
 
 from __future__ import annotations
 
+import importlib.util
 import sys
 from pathlib import Path
 
@@ -18,12 +22,16 @@ import portable
 from portable.backends import get_backend
 from portable.backends.neuron import devices as neuron_devices_module
 from portable.backends.neuron.devices import NEURON_STAND_IN, neuron_devices, neuron_here
+from portable.distributed.launch import per_rank_program
 from portable.errors import BackendError
+from portable.jobs.checkpoint import checkpoint_key
 from tests.support import load_spec
 
 pytest.importorskip("jax")
 
+REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from test_neuron_mx_native import _capture  # noqa: E402
 from test_xla_spmd import tp_mlp_program  # noqa: E402
 
 
@@ -127,3 +135,86 @@ def test_a_per_rank_program_runs_on_one_device_per_rank(stand_in):
     got, want = ours(x), theirs(x)
     _assert_equal(got, want)
     torch.testing.assert_close(got[0], expected[0], rtol=1e-5, atol=1e-5)
+
+
+# -- MX programs on trn3: the custom calls' stand-ins on XLA:CPU ----------------------------------
+
+
+def _plan(name: str):
+    spec = importlib.util.spec_from_file_location("plans", REPO / "examples" / "plans.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)()
+
+
+@pytest.fixture(scope="module")
+def mx_step():
+    """The GPT example's bf16 training step after mx-quantize{format=e4m3,scale=emax}."""
+    return _capture("gpt", portable.Precision(compute="bfloat16"))
+
+
+def _native(program, variant: str) -> list[str]:
+    (record,) = portable.lower(program, f"neuron:{variant}").payload.programs
+    return [g.lowering for g in record.mx_gemms]
+
+
+def _assert_same_steps(ours, theirs, steps: int = 2) -> None:
+    torch.manual_seed(0)
+    spec = load_spec("gpt")
+    for _ in range(steps):
+        batch = spec.batch()
+        assert torch.equal(ours(*batch).loss, theirs(*batch).loss)
+    assert set(ours.state) == set(theirs.state)
+    for key, value in theirs.state.items():
+        assert torch.equal(ours.state[key], value), key
+
+
+def test_the_run_rules_follow_the_devices_platform():
+    from portable.backends.neuron import NeuronOptions
+    from portable.backends.neuron.mx_native import native_mx_gemm
+    from portable.backends.neuron.run import run_rules
+
+    def impl(options, platform):
+        return run_rules(options, platform)[native_mx_gemm].keywords["impl"]
+
+    assert impl(NeuronOptions(), "neuron") == "custom-call"  # the plugin: neuronx-cc's calls
+    assert impl(NeuronOptions(), "cpu") == "stand-in"  # XLA:CPU has no QuantizeMX
+    assert impl(NeuronOptions(mx="stand-in"), "neuron") == "stand-in"
+
+
+def test_an_mx_training_step_runs_natively_on_the_stand_in_as_the_trn2_emulation(stand_in, mx_step):
+    assert set(_native(mx_step, "trn3")) == {"native"}  # the custom calls, not the emulation
+    assert set(_native(mx_step, "trn2")) == {"emulated"}
+    ours = portable.compile(mx_step, "neuron:trn3")
+    _assert_same_steps(ours, portable.compile(mx_step, "neuron:trn2"), steps=3)
+
+
+def test_a_per_rank_mx_program_runs_its_native_gemms_on_one_device_per_rank(stand_in, mx_step):
+    per_rank = per_rank_program(mx_step.replace(plan=_plan("dp2")))
+    assert set(_native(per_rank, "trn3")) == {"native"}
+    ours = portable.compile(per_rank, "neuron:trn3")
+    _assert_same_steps(ours, portable.compile(per_rank, "neuron:trn2"))
+
+
+def test_the_neuron_job_engine_runs_the_trn3_lowering_and_records_it(stand_in, mx_step):
+    from portable.jobs.config import JobConfig
+    from portable.jobs.prepare import JobFiles
+    from portable.jobs.xla_engine import XlaEngine
+
+    per_rank = per_rank_program(mx_step.replace(plan=_plan("gpt_tp2")))
+    config = JobConfig(spec="gpt", data="t.bin", steps=2, out="run", engine="neuron")
+    engine = XlaEngine(JobFiles(config, {}, per_rank, None), platform="neuron")
+    assert engine.lowering["target"] == "neuron:trn3"
+    gemms = engine.lowering["mx_gemms"]
+    assert gemms and {g["lowering"] for g in gemms} == {"native"}
+    assert engine.device_kind == "cpu"  # the stand-in's devices (the plugin's: "neuron:trn3")
+    emulated = portable.compile(per_rank, "neuron:trn2")
+    torch.manual_seed(0)
+    spec = load_spec("gpt")
+    for _ in range(2):
+        batch = spec.batch()
+        assert engine.step(*batch).loss == emulated(*batch).loss.item()
+    state = engine.checkpoint_state()
+    for key, value in emulated.state.items():
+        assert torch.equal(state[checkpoint_key(key)], value), key

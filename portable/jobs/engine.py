@@ -40,6 +40,7 @@ class Engine(Protocol):
     device_kind: str  # "cpu", "cuda", ... (peaks.detect_device)
     compile_s: float  # seconds spent compiling the programs when the engine started
     comm: Any  # a comm_stats.CommStats (empty under one controller: XLA schedules collectives)
+    lowering: dict[str, Any]  # the backend's decisions, in the start event (neuron: target, MX)
 
     def rows(self, batch: int) -> tuple[int, int] | None:
         """The rows [start, stop) of the global batch this process feeds (None: it needs the

@@ -80,7 +80,10 @@ class _Job:
             compute=compute,
             cpu_peak=self.doc.get("cpu_peak_flops"),
         )
-        self.out.event("start", restart=restart, process_start=started, compile_s=engine.compile_s)
+        lowering = {"lowering": dict(engine.lowering)} if engine.lowering else {}
+        self.out.event(
+            "start", restart=restart, process_start=started, compile_s=engine.compile_s, **lowering
+        )
         self.store = CheckpointStore(run / "checkpoints", keep=config.keep)
         tokens = TokenFile.open(config.data, dtype=config.data_dtype)
         self.batch, self.seq = int(self.doc["batch"]), int(self.doc["seq"])

@@ -45,6 +45,7 @@ class TorchEngine:
         assert program.spmd is not None  # read_job loads what per_rank_program wrote
         self.program, self.layout, self.mesh = program, program.spmd, program.spmd.mesh
         self.device_kind = device_type
+        self.lowering: dict[str, Any] = {}  # the backend's executable decides nothing to record
         self.device = torch.device("cpu")
         backend = "gloo"
         if device_type == "cuda":

@@ -6,13 +6,17 @@ The state lives on the devices from step to step as global jax arrays laid out b
 the loss and metrics come back. Checkpoints see the state as whole tensors (one writer), which
 DCP reshards into any plan's DTensors on load.
 
-`neuron`: the same controller with the lowering rules of the `neuron` target (platform
-"neuron": the HLO `portable lower --target neuron:trn3` writes) over the devices of the Neuron
-PJRT plugin (jax-neuronx on a Trn host). Where that plugin is absent the engine stops with a
-BackendError naming the boundary, unless PORTABLE_NEURON_STAND_IN=cpu, which runs the same neuron
-lowering on XLA:CPU devices: how this path is tested off Trainium. The devices are chosen by the
-neuron backend's helper (backends/neuron/devices.py), which `portable.compile(program, "neuron")`
-uses too.
+`neuron`: the same controller running the per-rank program as the neuron backend lowers it for
+`neuron:trn3` (the backend's default target; a job config names no variant), through the path
+`portable.compile(program, "neuron:trn3")` takes (`run.neuron_spmd_function`): float64 computed
+as float32, each MX GEMM native (QuantizeMX + block-scaled dot) where it fits, the validator's
+errors raised before anything runs. It runs over the devices of the Neuron PJRT plugin (jax-neuronx
+on a Trn host), where the MX GEMMs are the compiler's custom calls. Where that plugin is absent the
+engine stops with a BackendError naming the boundary, unless PORTABLE_NEURON_STAND_IN=cpu, which
+runs the same lowering on XLA:CPU devices, the MX custom calls as their bit-exact stand-ins: how
+this path is tested off Trainium. The devices are chosen by the neuron backend's helper
+(backends/neuron/devices.py). The target and the MX GEMM decisions are recorded in the `start`
+event (`XlaEngine.lowering`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from typing import Any
 import torch
 
 from ..backends.neuron.devices import NEURON_STAND_IN, neuron_devices
+from ..backends.neuron.targets import DEFAULT_VARIANT
 from ..backends.xla.spmd import spmd_function, to_torch
 from ..errors import BackendError
+from ..ir.program import Program
 from ..ir.signature import InputKind, OutputKind
 from .checkpoint import checkpoint_key
 from .comm_stats import CommStats
@@ -58,15 +64,19 @@ class XlaEngine:
     def __init__(self, files: JobFiles, *, platform: str) -> None:
 
         devices = _devices(platform)
-        self.device_kind = "cpu" if devices[0].platform == "cpu" else devices[0].platform
+        on_cpu = devices[0].platform == "cpu"
+        target = f"neuron:{DEFAULT_VARIANT}" if platform == "neuron" else None
+        # the plugin's devices are the target's generation (peaks.detect_device)
+        self.device_kind = "cpu" if on_cpu else (target or devices[0].platform)
         program = files.per_rank
         self.program = program
         self.comm = CommStats()  # XLA schedules the collectives inside the step
+        self.lowering: dict[str, Any] = {}
         start = time.perf_counter()
-        self.fn = spmd_function(program, platform, devices)
+        self.fn = self._function(program, platform, devices)
         self.eval_fn = None
         if files.eval_per_rank is not None:
-            self.eval_fn = spmd_function(files.eval_per_rank, platform, devices)
+            self.eval_fn = self._function(files.eval_per_rank, platform, devices)
         self.compile_s = time.perf_counter() - start
         self.devices = self.fn.layout.mesh.size
         sig = program.signature
@@ -74,13 +84,26 @@ class XlaEngine:
         self._keys = {s.key: s.name for s in sig.state_inputs}
         self._users = [self._index[u.name] for u in sig.user_inputs]
         self._arrays: list[Any] = [None] * len(sig.inputs)
-        for spec in sig.state_inputs:
-            k = self._index[spec.name]
-            self._arrays[k] = self.fn.put_one(k, program.weights[spec.key])
+        self.set_state({spec.key: program.weights[spec.key] for spec in sig.state_inputs})
         self._loss = [i for i, o in enumerate(sig.outputs) if o.kind is OutputKind.LOSS][0]
         self._metrics = {
             o.name: i for i, o in enumerate(sig.outputs) if o.kind is OutputKind.METRIC
         }
+
+    def _function(self, program: Program, platform: str, devices: list[Any]) -> Any:
+        """`program` traced over `devices`: as the xla backend lowers it, or (neuron) as
+        `portable.compile(program, "neuron:trn3")` does, its decisions added to `lowering`."""
+        if platform != "neuron":
+            return spmd_function(program, platform, devices)
+        from ..backends.neuron.run import neuron_spmd_function
+
+        fn, record = neuron_spmd_function(program, DEFAULT_VARIANT, devices)
+        if not self.lowering:  # the training step's; an eval program's GEMMs are its forwards
+            self.lowering = {
+                "target": f"neuron:{DEFAULT_VARIANT}",
+                "mx_gemms": [g.to_json() for g in record.mx_gemms],
+            }
+        return fn
 
     def rows(self, batch: int) -> tuple[int, int] | None:
         return (0, batch)  # the controller feeds the whole global batch
@@ -132,7 +155,7 @@ class XlaEngine:
     def set_state(self, values: Mapping[str, torch.Tensor]) -> None:
         for key, value in values.items():
             k = self._index[self._keys[key]]
-            dtype = self.program.signature.inputs[k].spec.dtype
+            dtype = self.fn.program.signature.inputs[k].spec.dtype  # as lowered (fp64 -> fp32)
             self._arrays[k] = self.fn.put_one(k, value.to(dtype))
 
     def snapshot(self) -> dict[str, torch.Tensor]:

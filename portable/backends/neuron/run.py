@@ -15,6 +15,16 @@ rules of `NeuronOptions.mx`) that emit.py converts into graph.hlo:
   explicit replica groups and a rank input, is the input for neuronx-cc on its own; this path
   does not execute it.
 
+Native MX GEMMs (`native_mx_gemm`, mx_native.py) lower by the devices' platform, not by an
+environment variable: on the plugin as the custom calls (`QuantizeMX`, `__op$block_scaled_dot`),
+which neuronx-cc compiles; on XLA:CPU, which has no such calls, as their bit-exact stand-ins
+(`NeuronOptions(mx="stand-in")` semantics), so a stand-in run of a trn3 MX program equals the
+trn2 emulation bit for bit (`run_rules`).
+
+`neuron_spmd_function` is the per-rank path on its own: the program lowered by the neuron backend
+for a target (every decision `portable.compile(program, "neuron:<variant>")` makes) and traced
+over the devices; the `neuron` job engine runs it.
+
 On XLA:CPU the compile uses the xla backend's options (optimization level 0), so a stand-in run
 matches `portable.compile(program, "xla")` bit for bit where the neuron rules equal xla's; on the
 plugin, its own defaults. The Executable keeps training state as torch tensors between calls
@@ -24,16 +34,20 @@ plugin, its own defaults. The Executable keeps training state as torch tensors b
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from portable.ir.program import Program
 from portable.runtime import Executable
 
-from .artifact import NeuronLowered
+from .artifact import NeuronLowered, NeuronProgram
+from .options import NeuronOptions
 
-__all__ = ["neuron_executable"]
+if TYPE_CHECKING:
+    from ..xla.spmd import _SpmdFunction
+
+__all__ = ["neuron_executable", "neuron_spmd_function", "run_rules"]
 
 
 def neuron_executable(
@@ -43,10 +57,46 @@ def neuron_executable(
     `devices` (see the module docstring)."""
     record = lowered.programs[0]
     if program.is_per_rank:
-        from ..xla.spmd import SpmdExecutable, spmd_function
+        from ..xla.spmd import SpmdExecutable
 
-        return SpmdExecutable(program, backend, spmd_function(record.program, "neuron", devices))
+        fn = _spmd(record, lowered.options, devices)
+        return SpmdExecutable(program, backend, fn)
     return Executable(program, _single_device(record.program, lowered, devices[0]), backend)
+
+
+def neuron_spmd_function(
+    program: Program,
+    variant: str,
+    devices: Sequence[Any],
+    options: NeuronOptions | None = None,
+) -> tuple[_SpmdFunction, NeuronProgram]:
+    """Per-rank `program` lowered by the neuron backend for `neuron:<variant>` (float64 as
+    float32, MX GEMMs decided, validator errors raised: what `portable.compile` does) and traced
+    over its mesh of `devices`: (the function on global arrays, the lowered record)."""
+    from ..base import Target
+    from .backend import NeuronBackend
+
+    lowered = NeuronBackend(options).lower(program, Target("neuron", variant)).payload
+    record = lowered.programs[0]
+    return _spmd(record, lowered.options, devices), record
+
+
+def run_rules(
+    options: NeuronOptions, platform: str
+) -> dict[Callable[..., Any], Callable[..., Any]]:
+    """The rules of the backend's graph targets for a run on `platform`: the MX custom calls on
+    the plugin; their stand-ins on XLA:CPU (no QuantizeMX there) or with mx="stand-in"."""
+    from .mx_native import gemm_rules
+
+    native = options.mx != "stand-in" and platform != "cpu"
+    return gemm_rules("custom-call" if native else "stand-in")
+
+
+def _spmd(record: NeuronProgram, options: NeuronOptions, devices: Sequence[Any]) -> _SpmdFunction:
+    from ..xla.spmd import spmd_function
+
+    rules = run_rules(options, devices[0].platform)
+    return spmd_function(record.program, "neuron", devices, rules)
 
 
 def _single_device(
@@ -59,10 +109,8 @@ def _single_device(
     from ..xla.compiler import COMPILER_OPTIONS
     from ..xla.dtypes import to_jax
     from ..xla.lowering import abstract_inputs, jax_function
-    from .mx_native import gemm_rules
 
-    impl = "stand-in" if lowered.options.mx == "stand-in" else "custom-call"
-    fn = jax_function(program, "neuron", None, gemm_rules(impl))
+    fn = jax_function(program, "neuron", None, run_rules(lowered.options, device.platform))
     sharding = jax.sharding.SingleDeviceSharding(device)
     args = [
         jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding) for a in abstract_inputs(program)

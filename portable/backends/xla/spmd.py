@@ -32,7 +32,7 @@ initialises; tests/conftest.py sets 8.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import torch
@@ -111,7 +111,11 @@ class _SpmdFunction:
     """The per-rank program as one jitted shard_map over the mesh, on global jax arrays."""
 
     def __init__(
-        self, program: Program, platform: str = "xla", devices: Sequence[Any] | None = None
+        self,
+        program: Program,
+        platform: str = "xla",
+        devices: Sequence[Any] | None = None,
+        rules: Mapping[Any, Callable[..., Any]] | None = None,
     ) -> None:
         import jax
 
@@ -127,7 +131,7 @@ class _SpmdFunction:
             sharding(self.mesh, partition_spec(t.sharding)) for t in layout.outputs
         ]
         body = jax.shard_map(
-            jax_function(program, platform, NamedAxisCollectives()),
+            jax_function(program, platform, NamedAxisCollectives(), rules),
             mesh=self.mesh,
             in_specs=tuple(partition_spec(t.sharding) for t in layout.inputs),
             out_specs=tuple(partition_spec(t.sharding) for t in layout.outputs),
@@ -205,12 +209,16 @@ class SpmdResult:
 
 
 def spmd_function(
-    program: Program, platform: str = "xla", devices: Sequence[Any] | None = None
+    program: Program,
+    platform: str = "xla",
+    devices: Sequence[Any] | None = None,
+    rules: Mapping[Any, Callable[..., Any]] | None = None,
 ) -> _SpmdFunction:
     """The per-rank program traced, lowered (with `platform`'s rules: "xla", or "neuron" for the
     lowering the neuron target writes) and compiled over its mesh of `devices` (default: the XLA
-    CPU devices)."""
-    return _SpmdFunction(program, platform, devices)
+    CPU devices). `rules`: a backend's rules for graph targets outside the opset, ahead of the
+    table (`xla.lowering.jax_function`; the neuron backend's native MX GEMMs); None for xla."""
+    return _SpmdFunction(program, platform, devices, rules)
 
 
 def run_spmd(program: Program, global_inputs: Sequence[torch.Tensor], steps: int = 1) -> SpmdResult:

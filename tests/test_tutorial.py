@@ -195,6 +195,9 @@ _FOREIGN_FLAGS = {
     "--framework",
     "--logical-nc-config",
     "--model-type",
+    "--auto-cast",  # neuronx-cc flags named in docs/backends/neuron.md
+    "--implicit-integer-downcast",
+    "--native-int64",
     "--portable-backends",
     "--dry-run",
     "--write",

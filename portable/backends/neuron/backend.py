@@ -82,7 +82,7 @@ class NeuronBackend(Backend):
         if missing:
             return False, missing
         ok, why = neuron_here()
-        return ok, "" if ok else f"{_NOT_HERE} ({why})"
+        return ok, "" if ok else f"{_NOT_HERE}: {why}"
 
     def lower(self, program: Program, target: Target) -> Lowered:
         from .artifact import NeuronLowered

@@ -184,6 +184,8 @@ def measure(
         ao = row.get("torchao compiled / copy")
         if goal is not None and key.startswith("e4m3") and isinstance(ao, float):
             goal = ao  # as fast as torchao's fused, compiled kernel
+        elif key.startswith("e4m3") and isinstance(ao, str) and ao.startswith("fails"):
+            goal = None  # torchao's compile fails for this rule: nothing to be as fast as
         row["goal"] = "" if goal is None else _goal(row["portable / copy"], goal)
         row["portable ms"] = row.pop("portable ms")  # the last columns: ms, goal
         row["goal"] = row.pop("goal")

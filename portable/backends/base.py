@@ -165,6 +165,11 @@ class Lowered:
     texts: dict[str, str] = dataclasses.field(default_factory=dict)  # artifact name -> text
     payload: Any = None  # backend-private lowered form
 
+    @property
+    def report(self) -> str:
+        """The backend's decisions about this lowering, one per line ("" when it has none)."""
+        return self.texts.get(REPORT_TEXT, "")
+
 
 @dataclasses.dataclass
 class Written:

@@ -20,7 +20,6 @@ from typing import TYPE_CHECKING, Any
 
 from .. import __version__
 from ..backends import Backend, Target, Written, backend_for, get_backend, registry
-from ..backends.base import REPORT_TEXT
 from ..errors import BackendError
 from ..ir.program import Program, ProgramKind
 from .compiling import CompileOutcome, compile_targets, require_toolchains
@@ -354,8 +353,8 @@ def _lower_one(
     with progress.stage(f"lower:{target}", f"lowering for {target}"):
         lowered = backend.lower(program, Target(target.backend, target.variant))
         written = backend.write(lowered, folder)
-    if lowered.texts.get(REPORT_TEXT):  # the backend's decisions (neuron: each MX GEMM)
-        progress.note(lowered.texts[REPORT_TEXT])
+    if lowered.report:  # the backend's decisions (neuron: each MX GEMM)
+        progress.note(lowered.report)
     ok, why = backend.can_execute_here()
     entry = {
         "target": str(target),

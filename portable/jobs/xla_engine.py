@@ -8,7 +8,7 @@ DCP reshards into any plan's DTensors on load.
 
 `neuron`: the same controller running the per-rank program as the neuron backend lowers it for
 `neuron:trn3` (the backend's default target; a job config names no variant), through the path
-`portable.compile(program, "neuron:trn3")` takes (`run.neuron_spmd_function`): float64 computed
+`portable.compile(program, "neuron:trn3")` takes (`neuron.backend.neuron_spmd_function`): float64 computed
 as float32, each MX GEMM native (QuantizeMX + block-scaled dot) where it fits, the validator's
 errors raised before anything runs. It runs over the devices of the Neuron PJRT plugin (jax-neuronx
 on a Trn host), where the MX GEMMs are the compiler's custom calls. Where that plugin is absent the
@@ -95,7 +95,7 @@ class XlaEngine:
         `portable.compile(program, "neuron:trn3")` does, its decisions added to `lowering`."""
         if platform != "neuron":
             return spmd_function(program, platform, devices)
-        from ..backends.neuron.run import neuron_spmd_function
+        from ..backends.neuron.backend import neuron_spmd_function
 
         fn, record = neuron_spmd_function(program, DEFAULT_VARIANT, devices)
         if not self.lowering:  # the training step's; an eval program's GEMMs are its forwards

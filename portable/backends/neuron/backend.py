@@ -20,7 +20,9 @@ executable(written) -> where JAX has neuron devices (the Neuron PJRT plugin on a
 from __future__ import annotations
 
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 from portable.errors import BackendError
 from portable.ir.program import Program, ProgramKind
@@ -39,11 +41,25 @@ from ..base import (
     Toolchain,
     Written,
 )
+from .artifact import NeuronLowered, NeuronProgram, program_key
+from .check import check_folder
+from .collectives import ReplicaGroupCollectives, rank_axes, rank_layout
+from .command import neuronx_cc_argv
+from .compile import COMPILER, compile_all, default_jobs, find_programs, neuronx_cc_available
+from .devices import NEURON_STAND_IN, neuron_devices, neuron_here
+from .emit import lower_to_hlo
 from .findings import Finding, Severity, merge
+from .fp64 import downcast_fp64
+from .hlo import parse_hlo_text, proto_to_text
+from .iospec import io_spec
+from .layout import write_layout
+from .manifest import build_manifest
 from .options import NeuronOptions
+from .run import neuron_executable, spmd_of
 from .targets import DEFAULT_VARIANT, TARGETS, resolve_target
+from .validate import check_findings, validate_lowered
 
-__all__ = ["NeuronBackend"]
+__all__ = ["NeuronBackend", "neuron_spmd_function"]
 
 _NOT_HERE = "neuron programs run on Trainium (NeuronCores); this machine has none"
 
@@ -76,8 +92,6 @@ class NeuronBackend(Backend):
     def can_execute_here(self) -> tuple[bool, str]:
         """True where JAX has neuron devices (devices.neuron_here: the plugin is looked for
         before JAX is imported)."""
-        from .devices import neuron_here
-
         missing = self.unavailable()
         if missing:
             return False, missing
@@ -85,17 +99,12 @@ class NeuronBackend(Backend):
         return ok, "" if ok else f"{_NOT_HERE}: {why}"
 
     def lower(self, program: Program, target: Target) -> Lowered:
-        from .artifact import NeuronLowered
-        from .fp64 import downcast_fp64
-
         self.check_program(program, target)
         ntarget = resolve_target(target.variant, self.options.topology)
         lowered_program, notes = program, []
         if self.options.fp64 == "downcast":
             lowered_program, changed = downcast_fp64(program)
             notes = _fp64_findings(lowered_program, changed)
-        from .collectives import ReplicaGroupCollectives, rank_axes, rank_layout
-
         records = []
         layout = rank_layout(program, ntarget)
         if layout is not None:
@@ -131,13 +140,7 @@ class NeuronBackend(Backend):
         axes=(),
     ):
         """One HLO program: lowered, read back, estimated, validated (errors raise)."""
-        from .artifact import NeuronProgram, program_key
-        from .command import neuronx_cc_argv
-        from .emit import lower_to_hlo
-        from .hlo import parse_hlo_text, proto_to_text
-        from .iospec import io_spec
-        from .mx_native import gemm_rules, lower_mx_gemms
-        from .validate import check_findings, validate_lowered
+        from .mx_native import gemm_rules, lower_mx_gemms  # imports JAX
 
         lowered_program, mx_gemms = lower_mx_gemms(lowered_program, ntarget, self.options)
         impl = "stand-in" if self.options.mx == "stand-in" else "custom-call"
@@ -178,9 +181,6 @@ class NeuronBackend(Backend):
 
     def write(self, lowered: Lowered, out_dir: Path | None = None) -> Written:
         """Write the artifacts under `out_dir` (compiled by `compile`, or scripts/compile.sh)."""
-        from .layout import write_layout
-        from .manifest import build_manifest
-
         files: list[Path] = []
         if out_dir is not None:
             manifest = build_manifest(lowered.payload, lowered.program)
@@ -189,8 +189,6 @@ class NeuronBackend(Backend):
 
     def find_toolchain(self) -> Toolchain:
         """neuronx-cc on PATH (CompilerMissingError saying where to get it)."""
-        from .compile import COMPILER, neuronx_cc_available
-
         ok, version = neuronx_cc_available()
         if not ok:
             raise CompilerMissingError(
@@ -207,8 +205,6 @@ class NeuronBackend(Backend):
     ) -> CompileReport:
         """neuronx-cc on every program written under `written.out_dir`, `jobs` at once (None:
         one per program, at most one per CPU); a failed program does not stop the others."""
-        from .compile import compile_all, default_jobs, find_programs
-
         if written.out_dir is None:
             return CompileReport(toolchain, 0)
         folder = Path(written.out_dir)
@@ -220,16 +216,12 @@ class NeuronBackend(Backend):
     def check(self, folder: Path, archive: Program | None = None) -> list[CheckedProgram]:
         """The offline validator and file checks on every program under `folder/programs/`
         (check.py)."""
-        from .check import check_folder
-
         return check_folder(Path(folder), archive)
 
     def executable(self, compiled: Written) -> Executable:
         """The lowering run through JAX on the neuron devices here (run.py); BackendError
         naming the backends that run here when there are none."""
         from .. import get_backend, registry
-        from .devices import NEURON_STAND_IN, neuron_devices
-        from .run import neuron_executable
 
         try:
             devices = neuron_devices()
@@ -273,3 +265,18 @@ def _fp64_findings(program: Program, changed: list[str]) -> list[Finding]:
         )
         for (module, location), names in groups.items()
     ]
+
+
+def neuron_spmd_function(
+    program: Program,
+    variant: str,
+    devices: Sequence[Any],
+    options: NeuronOptions | None = None,
+) -> tuple[Any, NeuronProgram]:
+    """Per-rank `program` lowered for `neuron:<variant>` (float64 as float32, MX GEMMs decided,
+    validator errors raised: what `portable.compile` does) and traced over its mesh of
+    `devices`: (the function on global arrays, the lowered record). The neuron job engine's
+    entry point."""
+    lowered = NeuronBackend(options).lower(program, Target("neuron", variant)).payload
+    record = lowered.programs[0]
+    return spmd_of(record, lowered.options, devices), record

@@ -28,6 +28,11 @@ from ..base import CheckedProgram
 from .command import HLO_FILE, INT64_FLAGS, int64_flags
 from .compile import COMMAND, COMPILER, read_command
 from .findings import Finding, Severity, merge
+from .fp64 import downcast_fp64
+from .hlo import module_from_proto
+from .options import NeuronOptions
+from .targets import TARGETS, resolve_target
+from .validate import validate, validate_lowered
 
 __all__ = ["check_folder"]
 
@@ -77,12 +82,6 @@ def _validate_written(
     options, and (when the archive matches) the program as lowered, its kept inputs and memory
     estimate, and a per-rank program's rank layout and rank input (`validate_lowered`, the
     context NeuronBackend.lower validates in)."""
-    from .fp64 import downcast_fp64
-    from .hlo import module_from_proto
-    from .options import NeuronOptions
-    from .targets import resolve_target
-    from .validate import validate, validate_lowered
-
     try:
         module = module_from_proto(proto)
     except Exception as exc:  # XLA's parser: a truncated or foreign file
@@ -141,8 +140,6 @@ def _command_findings(program_dir: Path, variant: str | None) -> list[Finding]:
 def _int64_problems(argv: list[str], variant: str | None) -> list[str]:
     """The pinned int64 flags of `variant` missing from `argv`, and --native-int64 where the
     CLI reference does not allow it (before trn2)."""
-    from .targets import TARGETS
-
     target = TARGETS.get(variant or "")
     wanted = int64_flags(target) if target is not None else INT64_FLAGS[1:]
     problems = []

@@ -37,6 +37,8 @@ from portable.ir.source import source_of
 from portable.opset.bind import bind
 
 from ..mx_match import MXOperand, mx_operand
+from ..xla.dtypes import to_jax
+from ..xla.rules._util import out_dtype
 from .mx_calls import BLOCK, ELEMENT_DTYPES, PACK, block_scaled_dot, quantize_mx
 from .options import NeuronOptions
 from .targets import NeuronTarget
@@ -240,9 +242,6 @@ def gemm_rules(impl: str) -> dict[Callable[..., Any], Callable[..., Any]]:
 
 
 def _lower_gemm(ctx, x_a, x_b, bias=None, *, format, axes, decoded, impl):  # noqa: A002
-    from ..xla.dtypes import to_jax
-    from ..xla.rules._util import out_dtype
-
     dtype = out_dtype(ctx)
     result = dtype if torch_dtype(dtype) in _RESULT_DTYPES else to_jax(torch.float32)
     data_a, scales_a = quantize_mx(x_a, axes[0] - x_a.ndim, format, impl)  # dim -1 or -2

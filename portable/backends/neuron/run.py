@@ -47,7 +47,7 @@ from .options import NeuronOptions
 if TYPE_CHECKING:
     from ..xla.spmd import _SpmdFunction
 
-__all__ = ["neuron_executable", "neuron_spmd_function", "run_rules"]
+__all__ = ["neuron_executable", "run_rules", "spmd_of"]
 
 
 def neuron_executable(
@@ -59,26 +59,9 @@ def neuron_executable(
     if program.is_per_rank:
         from ..xla.spmd import SpmdExecutable
 
-        fn = _spmd(record, lowered.options, devices)
+        fn = spmd_of(record, lowered.options, devices)
         return SpmdExecutable(program, backend, fn)
     return Executable(program, _single_device(record.program, lowered, devices[0]), backend)
-
-
-def neuron_spmd_function(
-    program: Program,
-    variant: str,
-    devices: Sequence[Any],
-    options: NeuronOptions | None = None,
-) -> tuple[_SpmdFunction, NeuronProgram]:
-    """Per-rank `program` lowered by the neuron backend for `neuron:<variant>` (float64 as
-    float32, MX GEMMs decided, validator errors raised: what `portable.compile` does) and traced
-    over its mesh of `devices`: (the function on global arrays, the lowered record)."""
-    from ..base import Target
-    from .backend import NeuronBackend
-
-    lowered = NeuronBackend(options).lower(program, Target("neuron", variant)).payload
-    record = lowered.programs[0]
-    return _spmd(record, lowered.options, devices), record
 
 
 def run_rules(
@@ -92,7 +75,9 @@ def run_rules(
     return gemm_rules("custom-call" if native else "stand-in")
 
 
-def _spmd(record: NeuronProgram, options: NeuronOptions, devices: Sequence[Any]) -> _SpmdFunction:
+def spmd_of(record: NeuronProgram, options: NeuronOptions, devices: Sequence[Any]) -> _SpmdFunction:
+    """The per-rank program of `record` traced over the mesh of `devices` (shard_map), its MX
+    calls lowered for the devices' platform (`run_rules`)."""
     from ..xla.spmd import spmd_function
 
     rules = run_rules(options, devices[0].platform)

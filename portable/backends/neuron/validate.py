@@ -21,6 +21,7 @@ from typing import Any
 from portable.ir.program import Program
 from portable.ir.signature import InputSpec
 
+from .collectives import rank_layout
 from .findings import Finding, Locator, NeuronValidationError, Place, Severity, merge
 from .hlo import HloModule, Instruction
 from .int_ranges import IntRanges
@@ -190,8 +191,6 @@ def validate_lowered(
     the fp64 downcast), its HBM estimate, and for a per-rank program its rank layout and rank
     input. The one place that context is built: the neuron backend validates every lowering
     with it, and `portable check` re-validates written artifacts with it."""
-    from .collectives import rank_layout
-
     memory = estimate_memory(program, module, target, kept)
     findings = validate(
         module,

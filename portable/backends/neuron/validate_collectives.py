@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 
 from portable.opset import bind
 
+from .collectives import placement
 from .findings import Finding
 from .hlo import Instruction
 
@@ -83,8 +84,6 @@ def _symmetry(
 ) -> Iterator[Finding]:
     """Each group that spans nodes has the same number of ranks on every node it spans (the
     first group that does not is reported)."""
-    from .collectives import placement
-
     per_node = ctx.target.cores_per_node
     for group in groups:
         counts: dict[int, int] = {}

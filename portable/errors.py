@@ -22,6 +22,7 @@ __all__ = [
     "LoweringError",
     "PassError",
     "PlanError",
+    "PlannerError",
     "PortableError",
     "RegistryError",
     "ResourceLimitError",
@@ -128,6 +129,11 @@ class ResourceLimitError(PortableError):
 
 class PlanError(PortableError):
     """A parallelism plan is inconsistent with the mesh or the program."""
+
+
+class PlannerError(PortableError):
+    """A planner query cannot be answered: an unknown system or number format, a model or
+    parallelism configuration that does not fit the devices, a program without costs."""
 
 
 class PassError(PortableError):

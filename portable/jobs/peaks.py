@@ -1,15 +1,13 @@
 """Peak FLOP rates per device and number format, and model FLOPs utilization.
 
-`PEAKS` holds one chip of each accelerator, dense rates (no structured sparsity), per number
-format: `float32`, `tfloat32`, `bfloat16`, `float16`, `float8`, `mxfp8`, `mxfp4`, `float4`. A
-format a chip has no rate for is absent (Hopper has no native MX: its MX GEMMs are emulated and
-run at the rate of the format they dequantize to). Figures are from
-shared/reference/hardware.md (AWS Neuron architecture pages, NVIDIA datasheets), except where
-`source` says otherwise: Trainium1, which hardware.md does not list (AWS Neuron "Trainium
-Architecture": 190 FP16/BF16/cFP8/TF32 TFLOPS, 47.5 FP32 TFLOPS, 32 GiB), and NVIDIA's FP32
-(non-tensor-core) rates, from the same datasheets. `h100` is the SXM part (H100 PCIe and NVL
-boards are slower; a CUDA device named H100 reads as it). The CPU has no table entry: its peak
-is measured (`measure_cpu_peak`).
+`PEAKS` holds one chip of each accelerator a job can run on, dense rates (no structured
+sparsity), per number format: `float32`, `tfloat32`, `bfloat16`, `float16`, `float8`, `mxfp8`,
+`mxfp4`, `float4`. A format a chip has no rate for is absent (Hopper has no native MX: its MX
+GEMMs are emulated and run at the rate of the format they dequantize to). The figures are the
+chip table of portable/planner/systems.toml (one source for jobs' MFU and the planner; each
+figure's source is there, mostly shared/reference/hardware.md). `h100` is the SXM part (H100
+PCIe and NVL boards are slower; a CUDA device named H100 reads as it). The CPU has no table
+entry: its peak is measured (`measure_cpu_peak`).
 
     MFU = model FLOPs per step / (step time x peak per device x devices)
 """
@@ -27,12 +25,9 @@ import torch
 
 from ..backends.neuron.targets import DEFAULT_VARIANT
 from ..errors import JobError
+from ..planner.systems import canonical_format, chips
 
 __all__ = ["PEAKS", "DevicePeak", "detect_device", "device_peak", "measure_cpu_peak", "mfu"]
-
-_T = 1e12
-_GIB = 1 << 30
-_GB = 10**9
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,8 +43,7 @@ class DevicePeak:
     def rate(self, number_format: str | torch.dtype) -> float:
         """The peak FLOP/s for `number_format`: a format name (`bfloat16`, `bf16`, `mxfp8`) or
         a torch dtype (`torch.float8_e4m3fn` reads as `float8`)."""
-        name = str(number_format).removeprefix("torch.")
-        key = _FORMAT_ALIASES.get(name, name)
+        key = canonical_format(number_format)
         if key not in self.flops:
             raise JobError(
                 f"{self.kind} has no peak rate for {number_format!r}",
@@ -58,54 +52,17 @@ class DevicePeak:
         return self.flops[key]
 
 
-_FORMAT_ALIASES = {
-    "fp32": "float32",
-    "tf32": "tfloat32",
-    "bf16": "bfloat16",
-    "fp16": "float16",
-    "half": "float16",
-    "fp8": "float8",
-    "float8_e4m3fn": "float8",
-    "float8_e5m2": "float8",
-}
-
-_HW = "shared/reference/hardware.md"
-_NV_FP32 = "NVIDIA datasheet FP32 (not in hardware.md)"
+# The devices `detect_device` reports (the planner's chip table also has the A100, which jobs do
+# not detect).
+_JOB_CHIPS = ("trn1", "trn2", "trn3", "h100", "h200", "b200", "gb200")
 
 
-def _trn(
-    kind: str, bf16: float, fp32: float, hbm_gib: int, source: str, **fp8: float
-) -> DevicePeak:
-    tflops = {"float32": fp32, "tfloat32": bf16, "bfloat16": bf16, "float16": bf16, **fp8}
-    return DevicePeak(kind, {k: v * _T for k, v in tflops.items()}, hbm_gib * _GIB, source)
+def _from_chip(kind: str) -> DevicePeak:
+    chip = chips()[kind]
+    return DevicePeak(kind, dict(chip.peak_flops), chip.hbm_bytes, chip.source)
 
 
-def _gpu(kind: str, bf16: float, fp8: float, fp32: float, hbm_gb: int, **low: float) -> DevicePeak:
-    flops = {"float32": fp32, "bfloat16": bf16, "float16": bf16, "float8": fp8, **low}
-    source = f"{_HW} ({kind.upper()} row); float32: {_NV_FP32}"
-    return DevicePeak(kind, {k: v * _T for k, v in flops.items()}, hbm_gb * _GB, source)
-
-
-PEAKS: Mapping[str, DevicePeak] = MappingProxyType(
-    {
-        "trn1": _trn(
-            "trn1",
-            190,
-            47.5,
-            32,
-            "AWS Neuron docs, Trainium Architecture (not in hardware.md)",
-            float8=190,
-        ),
-        "trn2": _trn("trn2", 667, 181, 96, f"{_HW} (Trainium2 chip)", float8=1299),
-        "trn3": _trn(
-            "trn3", 671, 183, 144, f"{_HW} (Trainium3 chip)", float8=2517, mxfp8=2517, mxfp4=2517
-        ),
-        "h100": _gpu("h100", 989, 1979, 67, 80),
-        "h200": _gpu("h200", 989, 1979, 67, 141),
-        "b200": _gpu("b200", 2250, 4500, 75, 180, mxfp8=4500, mxfp4=9000, float4=9000),
-        "gb200": _gpu("gb200", 2500, 5000, 80, 186, mxfp8=5000, mxfp4=10000, float4=10000),
-    }
-)
+PEAKS: Mapping[str, DevicePeak] = MappingProxyType({kind: _from_chip(kind) for kind in _JOB_CHIPS})
 
 
 def device_peak(kind: str) -> DevicePeak:

@@ -19,6 +19,7 @@ from .api import compile, lower
 from .archive import load
 from .capture import ModelSpec, capture, capture_spec, portable, spec_of
 from .errors import (
+    AbstractProgramError,
     ArchiveError,
     BackendError,
     CaptureError,
@@ -51,6 +52,7 @@ _Module.__call__.__doc__ = portable.__doc__
 sys.modules[__name__].__class__ = _Module
 
 __all__ = [
+    "AbstractProgramError",
     "ArchiveError",
     "BackendError",
     "CaptureError",

@@ -18,8 +18,10 @@ if TYPE_CHECKING:
 def compile(program: Program, backend: str = "cpu") -> Executable:  # noqa: A001 (mirrors torch.compile)
     """Lower, compile and load `program` on `backend` (`"cpu"`, `"xla"`, `"cuda:sm_90"`, ...).
 
-    Returns a callable `Executable`; raises BackendError when the backend cannot run here."""
+    Returns a callable `Executable`; raises BackendError when the backend cannot run here and
+    AbstractProgramError when the program has no weight values (an abstract capture)."""
     target = Target.parse(backend)
+    program.require_values(f"running on {target.backend}")
     impl = get_backend(target.backend)
     impl.require()  # missing optional packages: the pip install is the fix, not another backend
     ok, why = impl.can_execute_here()

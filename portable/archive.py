@@ -66,7 +66,9 @@ _CHUNK = 1 << 20
 
 
 def save(program: Program, path: str | os.PathLike[str]) -> Path:
-    """Verify `program` and write it as an archive directory at `path`; return that path."""
+    """Verify `program` and write it as an archive directory at `path`; return that path.
+    An abstract program (no weight values) is refused: an archive holds weights."""
+    program.require_values("saving")
     verify(program)
     doc = program_to_json(program)
     if doc_structure_bytes(doc) != structure_bytes(program):

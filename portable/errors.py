@@ -12,6 +12,7 @@ users can rely on the message shape:
 from __future__ import annotations
 
 __all__ = [
+    "AbstractProgramError",
     "ArchiveError",
     "BackendError",
     "CaptureError",
@@ -101,6 +102,11 @@ class LoweringError(BackendError):
     def __init__(self, what: str, *, backend: str, **kw: str | None) -> None:
         self.backend = backend
         super().__init__(what, **kw)
+
+
+class AbstractProgramError(PortableError):
+    """A program captured without weight values (from a `meta`-device model) was asked for
+    something that needs them: running it, parity, saving its weights."""
 
 
 class InputError(PortableError):

@@ -58,6 +58,7 @@ class StepResult:
 
 class Executable:
     def __init__(self, program: Program, fn: FlatFn, backend: str) -> None:
+        program.require_values(f"running on {backend}")
         self.program = program
         self.backend = backend
         self._fn = fn

@@ -19,6 +19,7 @@ import torch.nn.functional as F
 import portable
 from portable import CaptureError, InputError, VerifyError
 from portable.cli import ExitCode, main
+from portable.errors import AbstractProgramError
 from portable.testing import check_parity
 
 HERE = __file__
@@ -126,16 +127,16 @@ def test_sparse_kwarg_and_buffer_are_refused():
         portable.capture(model, (torch.randn(2, 4),))
 
 
-def test_meta_device_model_is_refused_with_the_fix():
+def test_meta_device_model_captures_abstractly_and_refuses_to_run_with_the_fix():
     with torch.device("meta"):
         model = TwoLayer()
-    with pytest.raises(CaptureError) as info:
-        portable.capture(model, (torch.randn(2, 4),))
+    program = portable.capture(model, (torch.randn(2, 4),))  # tests/test_abstract_capture.py
+    assert program.abstract
+    with pytest.raises(AbstractProgramError) as info:
+        portable.compile(program, backend="cpu")
     message = str(info.value)
-    assert "parameter `fc1.weight` of TwoLayer is on the meta device (no data)" in message
+    assert "program `TwoLayer` is abstract" in message and "fc1.weight" in message
     assert "to_empty" in message and "load_state_dict" in message
-    with pytest.raises(CaptureError, match=r"example input 0 is on the meta device"):
-        portable.capture(TwoLayer(), (torch.randn(2, 4, device="meta"),))
 
 
 def test_executable_refuses_sparse_and_meta_inputs():

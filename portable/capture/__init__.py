@@ -31,6 +31,7 @@ from ..recipe import Precision, Recipe
 from ..schedules import as_schedule
 from ..torch_compat import quiet_internal_warnings
 from ..verify import verify
+from .abstract import abstract_state, is_abstract_model
 from .accumulate import micro_batch, unroll
 from .autocast import Autocast
 from .build import annotate, to_program
@@ -368,8 +369,9 @@ def _export(
     dynamic_shapes: Any,
     phase: str,
 ) -> ExportedProgram:
+    abstract = abstract_state if is_abstract_model(module, args, kwargs) else _as_is
     try:
-        with without_partial_graph():
+        with without_partial_graph(), abstract(module, args, kwargs) as (args, kwargs):
             return torch.export.export(
                 module, args, kwargs, dynamic_shapes=dynamic_shapes, strict=False
             )
@@ -377,6 +379,13 @@ def _export(
         raise
     except Exception as exc:  # torch raises many types; all become a CaptureError with the cause
         raise diagnose(exc, phase=phase) from exc
+
+
+@contextlib.contextmanager
+def _as_is(
+    module: torch.nn.Module, args: tuple[Any, ...], kwargs: dict[str, Any] | None
+) -> Iterator[tuple[tuple[Any, ...], dict[str, Any] | None]]:
+    yield args, kwargs
 
 
 def _portable_ops(ep: ExportedProgram, strip_prefix: str) -> None:

@@ -24,10 +24,11 @@ from torch.export.graph_signature import (
 )
 
 from ..errors import CaptureError
-from ..ir.program import Program, ProgramKind
+from ..ir.program import Program, ProgramKind, has_no_data
 from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
 from ..ir.source import from_fx_meta
 from ..opset import OPSET_VERSION
+from .abstract import abstract_weight
 from .diagnose import is_user_file
 
 _INPUT_KINDS = {
@@ -106,7 +107,7 @@ def to_program(
             )
         inputs.append(InputSpec(node.name, _INPUT_KINDS[spec.kind], node.meta["tensor"], target))
         if target is not None:
-            weights[target] = state[spec.target].detach().clone()  # a snapshot, not the live model
+            weights[target] = _snapshot(state[spec.target])
 
     by_target = {i.target: i.name for i in inputs if i.target}
     out_node = gm.graph.output_node()
@@ -138,6 +139,14 @@ def to_program(
         weights=weights,
         metadata=metadata,
     )
+
+
+def _snapshot(value: torch.Tensor) -> torch.Tensor:
+    """A weight's copy (not the live model's tensor); a tensor without data (an abstract
+    capture's fake, a meta buffer) becomes a meta tensor of its shape and dtype."""
+    if has_no_data(value):
+        return abstract_weight(value)
+    return value.detach().clone()
 
 
 def _bound(value, unbounded):

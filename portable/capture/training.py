@@ -37,6 +37,7 @@ from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signatu
 from ..ir.source import SourceLoc
 from ..optim import Optimizer
 from ..recipe import Recipe
+from .abstract import fake_value
 from .build import tensor_meta
 from .decompositions import decompositions
 
@@ -209,7 +210,7 @@ def add_optimizer(program: Program, optimizer: Optimizer, recipe: Recipe | None 
         name = _placeholder_name(target)
         with graph.inserting_before(first_user if first_user is not None else out_node):
             node = graph.placeholder(name)
-        node.meta["val"] = value
+        node.meta["val"] = fake_value(value, graph)  # itself, unless it has no data
         node.meta["tensor"] = TensorSpec.of(value)
         new_inputs.append(
             InputSpec(node.name, InputKind.OPTIMIZER_STATE, node.meta["tensor"], target)

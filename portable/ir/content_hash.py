@@ -2,7 +2,8 @@
 
 Formula 2 (archives of format 2, `HASH_VERSION`) covers the kind, opset version, signature, the
 whole plan (mesh, specs, rules, batch / FSDP / sequence axes), the graph without source locations
-(debug info, read by no runtime), the metadata, and every weight (key, dtype, shape, bytes).
+(debug info, read by no runtime), the metadata, and every weight (key, dtype, shape, bytes;
+an abstract program's meta weight: key, dtype, shape and the words "no data").
 Formula 1 (format-1 archives) left out the metadata and the plan's axes. docs/archive-format.md
 says what a matching hash does and does not prove.
 """
@@ -66,10 +67,14 @@ def _structure_bytes(parts: dict[str, Json], plan: Plan, version: int) -> bytes:
 def _digest(structure: bytes, weights: Mapping[str, torch.Tensor]) -> str:
     h = hashlib.sha256(structure)
     for key in sorted(weights):
-        t = weights[key].detach().cpu().contiguous()
+        t = weights[key]
         h.update(
             b"\n" + _canonical([key, str(t.dtype).removeprefix("torch."), list(t.shape)]) + b"\n"
         )
+        if t.is_meta:  # an abstract program's weight: its shape and dtype are all there is
+            h.update(b"no data\n")
+            continue
+        t = t.detach().cpu().contiguous()
         if t.numel():
             h.update(t.reshape(-1).view(torch.uint8).numpy().data)
     return h.hexdigest()

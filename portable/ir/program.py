@@ -21,8 +21,9 @@ from typing import Any
 
 import torch
 import torch.fx
+from torch._subclasses.fake_tensor import FakeTensor
 
-from ..errors import RegistryError
+from ..errors import AbstractProgramError, RegistryError
 from ..opset import OPSET_VERSION
 from ..torch_compat import copy_graph_module
 from .plan import Plan
@@ -30,7 +31,25 @@ from .printer import format_program
 from .signature import InputKind, Signature
 from .spmd import SpmdLayout
 
-__all__ = ["Persistence", "Program", "ProgramKind", "register_persistence"]
+__all__ = [
+    "MATERIALIZE_FIX",
+    "Persistence",
+    "Program",
+    "ProgramKind",
+    "has_no_data",
+    "register_persistence",
+]
+
+MATERIALIZE_FIX = (
+    "materialize the weights and capture again: model.to_empty(device='cpu') then "
+    "model.load_state_dict(...) (a state dict from torch.load or "
+    "safetensors.torch.load_file), or build the model on the CPU"
+)
+
+
+def has_no_data(value: torch.Tensor) -> bool:
+    """Whether `value` has no data: a meta tensor (an abstract program's weight) or a fake."""
+    return value.is_meta or isinstance(value, FakeTensor)
 
 
 class ProgramKind(enum.StrEnum):
@@ -53,6 +72,26 @@ class Program:
     def is_per_rank(self) -> bool:
         """Whether this is a per-rank program over more than one rank (`SpmdLayout.is_per_rank`)."""
         return self.spmd is not None and self.spmd.is_per_rank
+
+    @property
+    def abstract(self) -> bool:
+        """Whether some weight (parameter, buffer, constant, optimizer state) has a shape and a
+        dtype but no data: a program captured from a `meta`-device model
+        (docs/abstract-capture.md). Passes run on it; running or saving its weights cannot."""
+        return any(has_no_data(w) for w in self.weights.values())
+
+    def require_values(self, what: str) -> None:
+        """AbstractProgramError if the program is abstract: `what` ("running on cpu",
+        "saving the weights") needs weight values."""
+        missing = [k for k, w in self.weights.items() if has_no_data(w)]
+        if not missing:
+            return
+        more = f" and {len(missing) - 3} more" if len(missing) > 3 else ""
+        raise AbstractProgramError(
+            f"{what} needs weight values, but program `{self.name}` is abstract: "
+            f"{len(missing)} weights have a shape and a dtype only ({', '.join(missing[:3])}{more})",
+            fix=MATERIALIZE_FIX,
+        )
 
     @property
     def graph(self) -> torch.fx.Graph:

@@ -8,6 +8,7 @@ import copy
 import math
 import tomllib
 from importlib import resources
+from pathlib import Path
 
 import pytest
 import torch
@@ -231,7 +232,7 @@ def test_malformed_data_is_refused_with_the_entry_named():
 # --- one source of truth: portable.jobs.peaks reads the same chips ---------------------------
 
 # PEAKS before it read systems.toml (TFLOPS; HBM bytes): every value must stay the same
-_PEAKS_BEFORE = {
+_PEAKS_BEFORE: dict[str, tuple[dict[str, float], int]] = {
     "trn1": ({"float32": 47.5, "tfloat32": 190, "bfloat16": 190, "float16": 190, "float8": 190}, 32 * GIB),
     "trn2": ({"float32": 181, "tfloat32": 667, "bfloat16": 667, "float16": 667, "float8": 1299}, 96 * GIB),
     "trn3": (
@@ -253,7 +254,7 @@ _PEAKS_BEFORE = {
     ),
 }  # fmt: skip
 # what the shared table added: the GPUs' TF32 tensor-core rates (dense)
-_ADDED = {"h100": {"tfloat32": 494.5}, "h200": {"tfloat32": 494.5}}
+_ADDED: dict[str, dict[str, float]] = {"h100": {"tfloat32": 494.5}, "h200": {"tfloat32": 494.5}}
 _ADDED |= {"b200": {"tfloat32": 1100}, "gb200": {"tfloat32": 1250}}
 
 
@@ -273,3 +274,51 @@ def test_the_data_file_is_not_changed_by_a_parse():
     before = copy.deepcopy(data)
     _parse(data)
     assert data == before
+
+
+# --- docs/planner.md's tables are the data ---------------------------------------------------
+
+DOCS = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+
+
+def _rows(heading: str) -> list[list[str]]:
+    section = DOCS.read_text().split(heading, 1)[1].split("\n### ", 1)[0]
+    lines = [x for x in section.splitlines() if x.startswith("|") and not x.startswith("|---")]
+    return [[c.strip().strip("`") for c in x.strip("|").split("|")] for x in lines[1:]]
+
+
+def _number(cell: str) -> float | None:
+    head = cell.split(" ")[0].replace(",", "")
+    return None if head in ("", "-") else float(head)
+
+
+def test_docs_chip_table_is_the_data():
+    rows = _rows("### Chips: dense peak TFLOPS per number format, HBM")
+    assert [r[0] for r in rows] == list(chips())
+    for row in rows:
+        peaks = {f: _number(c) for f, c in zip(FORMATS, row[1:9], strict=True)}
+        chip = chips()[row[0]]
+        assert {f: v * T for f, v in peaks.items() if v is not None} == chip.peak_flops, row[0]
+        assert _number(row[10]) == chip.hbm_bandwidth / T
+
+
+def test_docs_link_table_is_the_data():
+    rows = _rows("### Systems: links by level")
+    seen: dict[str, list[list[str]]] = {}
+    name = ""
+    for row in rows:
+        name = row[0] or name
+        seen.setdefault(name, []).append(row)
+    assert tuple(seen) == systems()
+    for name, links in seen.items():
+        s = system(name)
+        assert links[0][1] == s.chip and int(links[0][2]) == s.devices
+        assert [r[3] for r in links] == [link.level for link in s.links]
+        for row, link in zip(links, s.links, strict=True):
+            assert row[4] == (str(link.devices) if link.devices else "all")
+            assert _number(row[6]) == pytest.approx(link.bandwidth / 1e9), (name, link.level)
+            alt = _number(row[7])
+            assert (alt is None) == (link.bandwidth_alt is None)
+            if alt is not None:
+                assert alt == pytest.approx(link.bandwidth_alt / 1e9, abs=0.5)  # type: ignore[operator]
+            assert _number(row[8]) == pytest.approx(link.latency_s * 1e6)

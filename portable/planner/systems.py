@@ -23,9 +23,12 @@ import tomllib
 from collections.abc import Mapping
 from importlib import resources
 from types import MappingProxyType
-from typing import Any, TypeGuard
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 from ..errors import PlannerError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = [
     "FORMATS",
@@ -126,7 +129,7 @@ class System:
     def __hash__(self) -> int:  # the mappings are not hashable; equal systems share these
         return hash((self.name, self.chip, self.devices))
 
-    def peak(self, number_format: str) -> float:
+    def peak(self, number_format: str | torch.dtype) -> float:
         """Dense peak FLOP/s of one device in `number_format` (a FORMATS name, an alias such
         as `bf16` / `fp8`, or a torch dtype). PlannerError if the chip has no such rate."""
         key = canonical_format(number_format)

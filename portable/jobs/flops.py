@@ -49,7 +49,7 @@ from ..opset.table import op_name
 if TYPE_CHECKING:
     from ..ir.program import Program
 
-__all__ = ["RECOMPUTE", "FlopCount", "program_flops", "recomputed_nodes"]
+__all__ = ["RECOMPUTE", "FlopCount", "node_flops", "program_flops", "recomputed_nodes"]
 
 RECOMPUTE = "recompute"  # by_op key of the FLOPs in remat's recomputed copies
 
@@ -68,22 +68,27 @@ class FlopCount:
 
 def program_flops(program: Program, *, dims: Mapping[str, int] | None = None) -> FlopCount:
     """Count the model FLOPs of one call of `program` (module docstring)."""
-    shapes = _Shapes(program, dict(dims or {}))
     recomputed = recomputed_nodes(program.graph)
     by_op: dict[str, int] = {}
     total = 0
-    for node in program.graph.nodes:
-        rule = _RULES.get(node.target) if node.op == "call_function" else None
-        if rule is None:
-            continue
-        flops = rule(node, shapes)
-        if not flops:
-            continue
+    for node, flops in node_flops(program, dims=dims).items():
         key = RECOMPUTE if node in recomputed else op_name(node.target)
         by_op[key] = by_op.get(key, 0) + flops
         if node not in recomputed:
             total += flops
     return FlopCount(total=total, by_op=dict(sorted(by_op.items())))
+
+
+def node_flops(program: Program, *, dims: Mapping[str, int] | None = None) -> dict[Node, int]:
+    """The model FLOPs of each node of `program` that has some (matrix products, convolutions,
+    attention; module docstring), recomputed copies included."""
+    shapes = _Shapes(program, dict(dims or {}))
+    out: dict[Node, int] = {}
+    for node in program.graph.nodes:
+        rule = _RULES.get(node.target) if node.op == "call_function" else None
+        if rule is not None and (flops := rule(node, shapes)):
+            out[node] = flops
+    return out
 
 
 def recomputed_nodes(graph: torch.fx.Graph) -> set[Node]:

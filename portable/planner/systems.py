@@ -170,6 +170,34 @@ class System:
         """Devices in one domain of the largest scale-up level (node, UltraServer or rack)."""
         return self.links[-2].devices if len(self.links) > 1 else 1
 
+    def per_core(self, cores: int) -> System:
+        """This system with one rank per NeuronCore (`cores` per chip share its peaks, HBM,
+        bandwidth and links): how Neuron runs training on trn1 (two NeuronCore-v2 per chip,
+        ranks = cores, as "TP32" on a 16-chip trn1.32xlarge)."""
+        if not (_is_int(cores) and cores >= 1):
+            raise PlannerError(f"cores={cores!r}", fix="cores per chip is a positive integer")
+        links = tuple(
+            dataclasses.replace(
+                link,
+                devices=link.devices * cores,
+                bandwidth=link.bandwidth / cores,
+                bandwidth_alt=None if link.bandwidth_alt is None else link.bandwidth_alt / cores,
+            )
+            for link in self.links
+        )
+        return dataclasses.replace(
+            self,
+            name=f"{self.name}/core",
+            devices=self.devices * cores,
+            peak_flops={k: v / cores for k, v in self.peak_flops.items()},
+            hbm_bytes=self.hbm_bytes // cores,
+            hbm_bandwidth=self.hbm_bandwidth / cores,
+            links=links,
+            price_per_device_hour=None
+            if self.price_per_device_hour is None
+            else self.price_per_device_hour / cores,
+        )
+
     def with_devices(self, devices: int) -> System:
         """This system with `devices` devices (any count >= 1: a fleet need not fill its last
         node; the "network" level joins the domains)."""

@@ -38,10 +38,11 @@ collectives too) in the backward. Fused attention (`portable::attention`) has no
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import torch
@@ -365,8 +366,8 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         kernel_cost[root] = (0.0, moved, 1.0 if real and moved >= _KERNEL_BYTES else 0.0)
     for node in calls:
         if node.target in _MATMULS:
-            moved = _nbytes(node) + sum(_nbytes(a) for a in node.all_input_nodes)
-            kernel_cost[node] = (float(flops.get(node, 0)), moved, 1.0)
+            # compute-bound: its operand traffic overlaps its arithmetic (not counted as bytes)
+            kernel_cost[node] = (float(flops.get(node, 0)), 0.0, 1.0)
 
     for anchor, (f, b, k) in kernel_cost.items():
         seg, ph = segment[anchor], phase[anchor]
@@ -560,7 +561,8 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
     """Segment `name` from the sums at the four (b, t) points."""
 
     def fit(get: Callable[[_Sums], float]) -> Coeffs:
-        return Coeffs.fit(*(get(s) for s in sums), batches)
+        q = [get(s) for s in sums]
+        return Coeffs.fit(q[0], q[1], q[2], q[3], batches)
 
     def row(table: Mapping[Any, list[float]], key: Any, i: int) -> float:
         return table.get(key, [0.0, 0.0, 0.0])[i]
@@ -578,7 +580,7 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
         forward=work("forward", name),
         backward=work("backward", name),
         recompute=recompute,
-        saved={p: fit(lambda s, p=p: s.saved.get((name, p), 0.0)) for p in POLICIES},
+        saved={p: fit(functools.partial(_saved, key=(name, p))) for p in POLICIES},
         collectives=_fit_collectives([s.collectives.get(name, []) for s in sums], batches),
         params=fit(lambda s: s.params.get(name, 0.0)),
         param_bytes=fit(lambda s: s.param_bytes.get(name, 0.0)),
@@ -586,10 +588,14 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
     )
 
 
+def _saved(s: _Sums, key: tuple[str, str]) -> float:
+    return s.saved.get(key, 0.0)
+
+
 def _double(s: _Sums) -> _Sums:
     """The sums at twice the micro-batch when only one program is given: activations scale."""
 
-    def dbl(table: dict) -> dict:  # type: ignore[type-arg]
+    def dbl(table: dict[Any, list[float]]) -> dict[Any, list[float]]:
         return {k: [v * 2 if i < 2 else v for i, v in enumerate(row)] for k, row in table.items()}
 
     return _Sums(

@@ -299,7 +299,8 @@ def price(
     bubble = (p - 1) * t_mb / v
     pp_comm = 0.0
     if p > 1:
-        act = b * costs.seq / cp * costs.hidden * 2 / (t if sp else 1)
+        # Megatron's scatter-gather: each TP rank sends 1/t of the activation (Narayanan 2021)
+        act = b * costs.seq / cp * costs.hidden * 2 / t
         one = collective_time(system, "all_to_all", act * 2, 2, t * cp * dp)  # one send
         pp_comm = 2 * (m * v + p - 1) * one
     # parameters per rank

@@ -52,6 +52,7 @@ def estimate(
         )
     options = [b for b in range(1, per_replica + 1) if per_replica % b == 0][:16]
     best: Estimate | None = None
+    error: PlannerError | None = None
     for b in options:
         try:
             est = _price(
@@ -61,15 +62,14 @@ def estimate(
                 memory_limit_bytes,
                 price_per_device_hour,
             )
-        except PlannerError:
+        except PlannerError as exc:
+            error = exc
             continue
         if best is None or _better(est, best):
             best = est
     if best is None:
-        raise PlannerError(
-            f"no micro-batch makes {plan.describe()} valid on {system.name} x {system.devices}",
-            fix="check that pp*virtual divides the layers and tp divides the heads",
-        )
+        assert error is not None
+        raise error
     return best
 
 
@@ -116,6 +116,9 @@ def candidates(
     micro_batches: Sequence[int] | None = None,
     virtual: Sequence[int] = (1, 2, 3, 4),
     sequence_parallel: Sequence[bool] = (False, True),
+    schedules: Sequence[str] = ("1f1b", "interleaved"),
+    overlap_grad_reduce: bool = True,
+    grad_bytes: int = 2,
 ) -> Iterable[Parallelism]:
     """Every configuration whose degrees fit `devices`, the layer count and the batch."""
     layers = len(costs.layers)
@@ -141,12 +144,12 @@ def candidates(
                 continue
             if z and dp == 1:
                 continue
-            schedules = [(1, "1f1b")]
-            if p > 1:
-                schedules += [
-                    (v, "interleaved") for v in virtual if v > 1 and layers % (p * v) == 0
-                ]
-            for v, sched in schedules:
+            chunks: list[tuple[int, str]] = []
+            if "1f1b" in schedules or p == 1:
+                chunks.append((1, "1f1b"))
+            if p > 1 and "interleaved" in schedules:
+                chunks += [(v, "interleaved") for v in virtual if v > 1 and layers % (p * v) == 0]
+            for v, sched in chunks:
                 if layers % (p * v):
                     continue
                 yield Parallelism(
@@ -162,6 +165,8 @@ def candidates(
                     zero=z,
                     sequence_parallel=sp,
                     recompute=rc,
+                    overlap_grad_reduce=overlap_grad_reduce,
+                    grad_bytes=grad_bytes,
                 )
 
 

@@ -1,0 +1,128 @@
+"""The planner's cost counting and estimate on a tiny Transformer (costs from its program)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from portable import planner
+from portable.errors import PlannerError
+from portable.planner.costs import Coeffs
+
+S, H, HEADS, V = 32, 64, 4, 128
+
+
+@pytest.fixture(scope="module")
+def model() -> planner.Transformer:
+    return planner.Transformer(layers=2, hidden=H, heads=HEADS, vocab=V, seq=S, name="tiny")
+
+
+@pytest.fixture(scope="module")
+def costs(model: planner.Transformer) -> planner.Costs:
+    return planner.costs_of(model)
+
+
+def test_coeffs_fit_is_exact_for_linear_data() -> None:
+    truth = Coeffs(3.0, 5.0, 7.0, 11.0)
+    points = [truth.at(b, t) for b, t in ((2, 1), (4, 1), (2, 2), (4, 2))]
+    fitted = Coeffs.fit(*points, (2, 4))
+    for b, t in ((1, 1), (3, 4), (8, 8)):
+        assert fitted.at(b, t) == pytest.approx(truth.at(b, t))
+
+
+def test_layers_repeat_the_captured_block(costs: planner.Costs, model: planner.Transformer) -> None:
+    assert [s.name for s in costs.segments] == ["embed", "layer.0", "layer.1", "head"]
+    assert costs.hidden == H and costs.seq == S
+
+
+def test_model_flops_match_the_transformer_formula(costs: planner.Costs) -> None:
+    # per sample, forward + backward: 3 x (24 s h^2 + 4 s^2 h) per layer + 6 s h V for the head
+    layer = 3 * (24 * S * H * H + 4 * S * S * H)
+    assert costs.model_flops_per_sample == pytest.approx(2 * layer + 6 * S * H * V)
+
+
+def test_saved_activations_follow_korthikanti(costs: planner.Costs) -> None:
+    """Korthikanti et al. 2022: s b h (34 + 5 a s / h) bytes per layer without recomputation,
+    34 s b h with selective, 10 + 24 / t (+ 5 a s / (h t)) under TP without sequence parallel;
+    2 s b h with full recomputation."""
+    layer = costs.layers[0]
+    sbh = S * H
+    core = 5 * HEADS * S / H
+    for b in (1, 4):
+        # without recomputation the boolean causal mask (s^2 bytes) is saved too
+        assert layer.saved["none"].at(b, 1) / (sbh * b) == pytest.approx(34 + core, abs=0.6)
+        assert layer.saved["selective"].at(b, 1) / (sbh * b) == pytest.approx(34)
+        assert layer.saved["selective"].at(b, 2) / (sbh * b) == pytest.approx(10 + 12)
+        assert layer.saved["none"].at(b, 4) / (sbh * b) == pytest.approx(10 + 6 + core / 4, abs=0.6)
+        assert layer.saved["full"].at(b, 1) / (sbh * b) == pytest.approx(2)
+
+
+def test_tensor_parallel_collectives_are_megatrons(costs: planner.Costs) -> None:
+    layer = costs.layers[0]
+    kinds = [(c.kind, c.phase) for c in layer.collectives]
+    assert kinds == [("all_reduce", "forward")] * 2 + [("all_reduce", "backward")] * 2
+    assert layer.collectives[0].bytes.at(3, 8) == 3 * S * H * 2  # the bf16 activation
+
+
+def test_selective_recomputes_the_core_attention(costs: planner.Costs) -> None:
+    layer = costs.layers[0]
+    # QK^T and attention over V: 4 b s^2 h FLOPs, split by t
+    assert layer.recompute["selective"].flops.at(2, 2) == pytest.approx(4 * 2 * S * S * H / 2)
+    assert layer.recompute["full"].flops.at(1, 1) == layer.forward.flops.at(1, 1)
+
+
+def test_estimate_parts_sum_to_the_step(model: planner.Transformer) -> None:
+    system = planner.system("a100-80gb", devices=8)
+    est = planner.estimate(
+        model, system, planner.Parallelism(tp=2, pp=2, global_batch=16, recompute="selective")
+    )
+    parts = est.breakdown
+    total = parts.compute + parts.comm + parts.bubble + parts.optimizer
+    assert est.step_time_s == pytest.approx(total)
+    assert est.plan.dp == 2 and est.plan.micro_batch is not None
+    assert 0 < est.mfu < 1 and est.fits
+    assert est.memory_per_device_bytes == pytest.approx(est.memory.total)
+    assert est.tokens_per_s == pytest.approx(16 * S / est.step_time_s)
+
+
+def test_more_recomputation_trades_time_for_memory(model: planner.Transformer) -> None:
+    system = planner.system("h100", devices=8)
+    runs = {
+        rc: planner.estimate(
+            model, system, planner.Parallelism(tp=8, global_batch=8, micro_batch=8, recompute=rc)
+        )
+        for rc in ("none", "selective", "full")
+    }
+    assert runs["none"].memory.activations > runs["selective"].memory.activations
+    assert runs["selective"].memory.activations > runs["full"].memory.activations
+    assert runs["none"].step_time_s < runs["selective"].step_time_s < runs["full"].step_time_s
+
+
+def test_bubble_follows_the_schedule_formula(model: planner.Transformer) -> None:
+    system = planner.system("h100", devices=2)
+    est = planner.estimate(model, system, planner.Parallelism(pp=2, global_batch=4, micro_batch=1))
+    ideal = est.breakdown.compute + est.breakdown.tp_comm
+    # (p - 1) / m of the ideal time, m = 4 micro-batches (slowest stage)
+    assert est.breakdown.bubble == pytest.approx(ideal / 4, rel=0.35)
+
+
+def test_search_ranks_fitting_plans(model: planner.Transformer) -> None:
+    found = planner.search(model, planner.system("h100", devices=8), 32, top=5)
+    assert found and all(e.fits for e in found)
+    times = [e.step_time_s for e in found]
+    assert times == sorted(times)
+
+
+def test_bad_plans_are_typed_errors(model: planner.Transformer) -> None:
+    system = planner.system("h100", devices=8)
+    with pytest.raises(PlannerError, match="does not divide"):
+        planner.estimate(model, system, planner.Parallelism(tp=3, global_batch=8))
+    with pytest.raises(PlannerError, match="sequence parallel"):
+        planner.Parallelism(sequence_parallel=True)
+    with pytest.raises(PlannerError, match="recompute"):
+        planner.Parallelism(recompute="sometimes")
+    with pytest.raises(PlannerError, match="layers do not split"):
+        planner.estimate(model, system, planner.Parallelism(pp=4, dp=2, global_batch=8))
+    with pytest.raises(PlannerError, match="not a multiple of heads"):
+        dataclasses.replace(model, heads=5)

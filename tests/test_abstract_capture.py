@@ -16,6 +16,7 @@ import torch.nn.functional as F
 
 import portable
 from portable import Mesh, Plan
+from portable.capture import layers
 from portable.errors import AbstractProgramError
 from portable.ir.program import Program
 from portable.passes.spmd_partition import partition
@@ -134,3 +135,92 @@ def test_saving_an_abstract_program_is_refused(tmp_path):
         program.save(tmp_path / "gpt.portable")
     assert not (tmp_path / "gpt.portable").exists()
     assert len(program.content_hash) == 64  # hashed from shapes and dtypes
+
+
+# --------------------------------------------------------------------------- repeated layers
+
+
+def _form(program: Program) -> list[tuple]:
+    """Every node as (op, target, spec, source module, phase, arguments by position): two
+    programs with equal forms are the same graph up to node names."""
+    nodes = list(program.graph.nodes)
+    position = {n: k for k, n in enumerate(nodes)}
+
+    def arg(value):
+        if isinstance(value, torch.fx.Node):
+            return ("node", position[value])
+        if isinstance(value, (list, tuple)):
+            return tuple(arg(v) for v in value)
+        if isinstance(value, dict):
+            return tuple((k, arg(v)) for k, v in value.items())
+        return value
+
+    return [
+        (
+            n.op,
+            None if n.op == "placeholder" else str(n.target),
+            n.meta.get("tensor"),
+            getattr(n.meta.get("source"), "module", None),
+            n.meta.get("phase"),
+            arg(n.args),
+            arg(n.kwargs),
+        )
+        for n in nodes
+    ]
+
+
+def _traced_whole(monkeypatch, capture):
+    """`capture()` with every layer traced (no repetition)."""
+    import sys
+
+    with monkeypatch.context() as patch:
+        patch.setattr(sys.modules["portable.capture"], "find_stack", lambda model: None)
+        return capture()
+
+
+def test_a_deep_stack_is_traced_in_part_and_repeated_into_the_full_trace(hf_model, monkeypatch):
+    """Six Llama layers: five traced, the middle one repeated; the program equals the trace of
+    all six node for node (op, spec, module path, phase, arguments), with the same signature."""
+    with torch.device("meta"):
+        model = hf_model("llama", num_hidden_layers=6)
+    batch = _batch()
+    recipe = {
+        "precision": Precision(compute="bfloat16"),
+        "remat": "selective",
+        "clip_grad_norm": 1.0,
+    }
+    repeated = _train(model, batch, **recipe)
+    assert repeated.metadata["repeated_layers"] == {
+        "stack": "model.layers",
+        "layers": 6,
+        "traced": layers.CAPTURED,
+        "template": layers.TEMPLATE,
+    }
+    whole = _traced_whole(monkeypatch, lambda: _train(model, batch, **recipe))
+    assert "repeated_layers" not in whole.metadata
+    assert _form(repeated) == _form(whole)
+    assert repeated.signature == whole.signature
+    assert sorted(repeated.weights) == sorted(whole.weights)
+    sources = {getattr(n.meta.get("source"), "module", None) for n in repeated.graph.nodes}
+    assert "model.layers.5.mlp.down_proj" in sources
+
+
+def test_repeated_inference_of_the_gpt_example_equals_its_full_trace(monkeypatch):
+    from examples.gpt import GPT, GPTConfig
+
+    with torch.device("meta"):
+        model = GPT(GPTConfig(n_layer=7))
+    idx = _batch((2, 16))[0]
+    repeated = portable.capture(model, (idx,))
+    assert repeated.metadata["repeated_layers"]["layers"] == 7
+    whole = _traced_whole(monkeypatch, lambda: portable.capture(model, (idx,)))
+    assert _form(repeated) == _form(whole)
+
+
+def test_layers_that_differ_are_traced_whole():
+    """A stack whose layers differ in their parameters is not a repeated stack."""
+    stack = torch.nn.ModuleList(torch.nn.Linear(4, 4 if k else 8) for k in range(7))
+    assert layers.find_stack(torch.nn.Sequential(stack)) is None
+    same = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(7))
+    found = layers.find_stack(torch.nn.Sequential(same))
+    assert found is not None and (found.path, found.count) == ("0", 7)

@@ -41,6 +41,7 @@ from .decorator import ModelSpec, portable, spec_of
 from .diagnose import diagnose, is_user_file, without_partial_graph
 from .dropout import CounterDropout
 from .known_constructs import explain, refuse_known_ops
+from .layers import find_stack, repeat_layers, truncated
 from .loss import as_loss_fn
 from .portable_ops import rewrite_to_portable_ops
 from .promote import promote_operands
@@ -186,7 +187,12 @@ def _capture(
                 f"{what} given without loss_fn", fix="pass loss_fn=... for a training step"
             )
         with _mode(model, training=False):
-            program = _capture_inference(model, args, kwargs, dynamic_shapes, name, options)
+            program = _repeated(
+                model,
+                args,
+                kwargs,
+                lambda: _capture_inference(model, args, kwargs, dynamic_shapes, name, options),
+            )
     else:
         if optimizer is None:
             raise CaptureError(
@@ -197,11 +203,15 @@ def _capture(
         recipe = _recipe(optimizer, recipe_args)
         loss_fn = as_loss_fn(loss_fn, args, kwargs or {})
         options["optimizer"] = opt.to_dict()
-        with _mode(model, training=True):
-            program = _capture_training(
+
+        def step() -> Program:
+            joint = _capture_training(
                 model, loss_fn, args, kwargs, dynamic_shapes, name, options, recipe
             )
-            program = add_optimizer(program, opt, recipe)
+            return add_optimizer(joint, opt, recipe)
+
+        with _mode(model, training=True):
+            program = _repeated(model, args, kwargs, step, opt.group_of)
         if recipe.remat != "none":
             # the one pass capture applies: the recipe names it (passes sit above capture)
             from ..passes import manager, remat
@@ -209,6 +219,25 @@ def _capture(
             pipeline = manager.PassManager([remat.Remat(policy=recipe.remat)])
             program, _ = pipeline.run(program)
     return program
+
+
+def _repeated(
+    model: torch.nn.Module,
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None,
+    capture_once: Callable[[], Program],
+    group_of: Callable[[str], int] | None = None,
+) -> Program:
+    """`capture_once()`; for an abstract model with a deep stack of identical layers, from a
+    capture of its first layers with the middle one repeated (capture/layers.py), unless the
+    capture does not repeat."""
+    stack = find_stack(model) if is_abstract_model(model, args, kwargs) else None
+    if stack is None:
+        return capture_once()
+    with truncated(stack):
+        short = capture_once()
+    full = repeat_layers(short, stack, group_of)
+    return full if full is not None else capture_once()
 
 
 _RECIPE_DEFAULTS: dict[str, Any] = {

@@ -25,7 +25,7 @@ from torch._subclasses.fake_tensor import FakeTensor
 
 from ..errors import AbstractProgramError, RegistryError
 from ..opset import OPSET_VERSION
-from ..torch_compat import copy_graph_module
+from ..torch_compat import copy_graph_lazily, copy_graph_module
 from .plan import Plan
 from .printer import format_program
 from .signature import InputKind, Signature
@@ -132,10 +132,12 @@ class Program:
         return {i.key: self.weights[i.key] for i in self.signature.inputs_of(InputKind.PARAMETER)}
 
     def replace(self, **changes: Any) -> Program:
-        """A copy with some fields changed (graphs are deep-copied, weights shared)."""
+        """A copy with some fields changed (graphs are deep-copied, weights shared). An abstract
+        program's copy generates its Python code only when printed (it never runs)."""
+        copy_graph = copy_graph_lazily if self.abstract else copy_graph_module
         copied = dataclasses.replace(
             self,
-            graph_module=copy_graph_module(self.graph_module),
+            graph_module=copy_graph(self.graph_module),
             weights=dict(self.weights),
             metadata=copy.deepcopy(self.metadata),
         )

@@ -25,6 +25,7 @@ from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch.utils._sympy.value_ranges import ValueRanges
 
 from .errors import VerifyError
+from .ir.fake_calls import FakeCalls
 from .ir.plan import Mesh
 from .ir.program import Program
 from .ir.signature import InputSpec, OutputSpec, TensorSpec
@@ -245,9 +246,7 @@ def _check_shape_rules(program: Program) -> None:
     mode = FakeTensorMode(allow_non_fake_inputs=False, shape_env=shape_env)
     symbols = {} if shape_env is None else {n: _symbol(shape_env, n, b) for n, b in dims.items()}
     env: dict[torch.fx.Node, Any] = {}  # node -> its fake value (tensor, tuple, SymInt)
-    # (op, inputs' shapes, dtypes, strides and literals) -> the fake kernel's result: a deep
-    # model's layers repeat the same calls (static shapes only)
-    derived: dict[tuple, Any] = {}
+    calls = FakeCalls(mode)  # a deep model's layers repeat the same calls
 
     def fake(node: torch.fx.Node, spec: TensorSpec) -> torch.Tensor:
         shape = [_size(node, d, symbols) for d in spec.shape]
@@ -269,16 +268,10 @@ def _check_shape_rules(program: Program) -> None:
             entry = lookup(node.target)
             assert entry is not None, "verify() refuses ops outside the opset before this"
             _check_dtypes(node, entry, args, kwargs)
-            key = None if shape_env is not None else _memo_key(node.target, (args, kwargs))
-            result = derived.get(key) if key is not None else None
-            if result is None:
-                try:
-                    with mode:
-                        result = node.target(*args, **kwargs)
-                except Exception as exc:
-                    _fail(f"the shape rule of {entry.name} rejects node {node.name}: {exc}", node)
-                if key is not None:
-                    derived[key] = result
+            try:
+                result = calls(node.target, args, kwargs)
+            except Exception as exc:
+                _fail(f"the shape rule of {entry.name} rejects node {node.name}: {exc}", node)
             _check_scalar(node, result)
             recorded = node.meta["tensor"]
             if not _same(recorded, _to_spec(result), result, symbols):
@@ -292,29 +285,6 @@ def _check_shape_rules(program: Program) -> None:
 
 
 _MAX_SIZE = 1 << 62
-
-
-def _memo_key(target: Any, value: Any) -> tuple | None:
-    """What a fake kernel's result depends on: the op, and per argument its layout (tensors) or
-    its value (literals); None where a symbolic size appears."""
-    parts: list[Any] = [target]
-
-    def visit(v: Any) -> bool:
-        if isinstance(v, torch.Tensor):
-            parts.append((tuple(v.shape), v.dtype, v.stride(), v.storage_offset()))
-        elif isinstance(v, (list, tuple)):
-            parts.append((type(v), len(v)))
-            return all(visit(x) for x in v)
-        elif isinstance(v, dict):
-            parts.append(tuple(v))
-            return all(visit(x) for x in v.values())
-        elif isinstance(v, (torch.SymInt, torch.SymFloat, torch.SymBool)):
-            return False
-        else:
-            parts.append((type(v), repr(v)))
-        return True
-
-    return tuple(parts) if visit(value) else None
 
 
 def _symbol(shape_env: ShapeEnv, name: str, bounds: DimBounds) -> torch.SymInt:

@@ -48,6 +48,7 @@ import torch.fx
 from torch._subclasses.fake_tensor import FakeTensorMode
 
 from portable.errors import PassError, PlanError
+from portable.ir.fake_calls import FakeCalls
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
 from portable.ir.rewriter import Rewriter, replaced_args
@@ -478,6 +479,7 @@ def _infer_meta(
     """Set meta["tensor"] / meta["val"] of every node by running the fake kernels, from the
     placeholders' recorded specs (or `local_inputs` shapes)."""
     mode = FakeTensorMode(allow_non_fake_inputs=False)
+    calls = FakeCalls(mode)  # a deep model's layers repeat the same calls
     env: dict[torch.fx.Node, Any] = {}
 
     def load(value: torch.fx.node.Argument) -> Any:
@@ -496,8 +498,7 @@ def _infer_meta(
                 env[node] = results[index]
             else:
                 try:
-                    with mode:
-                        env[node] = node.target(*args, **kwargs)
+                    env[node] = calls(node.target, args, kwargs)
                 except Exception as exc:
                     raise PlanError(
                         f"the partitioned program is inconsistent at {node.name} "

@@ -133,6 +133,7 @@ class CudaBackend(Backend):
         with the `aot` option, the AOTInductor package: cuda's compile happens here)."""
         files: list[Path] = []
         if out_dir is not None:
+            lowered.program.require_values("writing cuda's artifacts (the .pt2 holds the weights)")
             files = write_layout(Path(out_dir), lowered, self.options)
         return Written(lowered, files, lowered.payload, out_dir)
 

@@ -113,6 +113,7 @@ class OnnxBackend(Backend):
 
     def lower(self, program: Program, target: Target) -> Lowered:
         _refuse_unexportable(program)
+        program.require_values("lowering to onnx (model.onnx holds the weights)")
         self.check_program(program, target)  # BackendError when onnx packages are missing
         _check_nodes(program)
         from .export import MODEL_FILE, export_program, model_text

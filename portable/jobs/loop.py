@@ -23,6 +23,7 @@ from .engine import Engine
 from .fault import maybe_fire
 from .health import Health
 from .hf_init import HfTensor, read_hf_checkpoint
+from .prediction import write_prediction
 from .prepare import JobFiles, check_identity, read_job
 from .run_files import RunFiles
 from .torch_engine import TorchEngine
@@ -106,6 +107,15 @@ class _Job:
             self.out.event("done", step=start, note="nothing to do: the checkpoint is final")
             self._finish(start)
             return
+        if self.lead:  # the planner's prediction of this start's steps (prediction.py)
+            peak = self.doc.get("cpu_peak_flops")
+            write_prediction(
+                self.run_dir,
+                self.files,
+                self.engine,
+                first_step=start + 1,
+                cpu_peak_flops=float(peak) if isinstance(peak, int | float) else None,
+            )
 
         tracer = StepTracer(self.run_dir / "traces", self.engine.rank, self.config.trace_steps)
         self.out.open_metrics(resume_after=start)

@@ -1,9 +1,9 @@
 """`portable report RUN`: a training run's curves as PNG files and its summary in markdown.
 
 Reads what a job wrote into RUN (portable/jobs/run_files.py): metrics.jsonl, eval.jsonl,
-events.jsonl, ranks/rank<r>.json and job.json. They are files from elsewhere: each is read
-within a size bound (regular files only, no symlinks), every value is type-checked before use,
-and a folder with neither job.json nor metrics.jsonl is not a run (JobError). The report is
+events.jsonl, ranks/rank<r>.json, job.json and prediction.json (the planner's prediction of the
+step, portable/jobs/prediction.py). They are files from elsewhere: each is read within a size
+bound (regular files only, no symlinks), every value is type-checked before use, and a folder with neither job.json nor metrics.jsonl is not a run (JobError). The report is
 written into `out` (default RUN/report/) atomically: the folder is complete or the previous one
 stays; an `out` holding anything but report files is refused.
 
@@ -15,7 +15,9 @@ summary.md says so.
 Steady state drops the first 2 steps (compilation, warm-up) when there are more than 2.
 Percentages are of the steady steps' summed step time. `price_per_hour` is the price of all the
 job's devices for one hour. Values job.json's summary holds (tokens, wall time, time / tokens /
-cost to target) are taken from it; the others are computed from the per-step files.
+cost to target) are taken from it; the others are computed from the per-step files. The
+planner's prediction is compared per step component with the medians of the steady steps of the
+job's last start (`predicted_vs_measured`; prediction.py says what each side is).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from ..limits import format_bytes
 from ..safe_json import read_json
 from .comm_stats import comm_from_json
 from .metrics import read_jsonl
+from .prediction import PREDICTION_FILE, comparison
 
 __all__ = ["PLOTS", "REPORT_FILES", "Report", "make_report", "report", "summarize"]
 
@@ -130,6 +133,7 @@ class _RunFiles:
     config: dict[str, Any]
     job_summary: dict[str, Any]
     prediction: dict[str, Any]
+    planner: dict[str, Any]  # prediction.json: the planner's prediction of the step
 
     @staticmethod
     def load(root: Path) -> _RunFiles:
@@ -142,6 +146,8 @@ class _RunFiles:
                 fix=_FIX,
             )
         job = _doc(read_json(job_path, JobError, fix=_FIX), job_path) if _present(job_path) else {}
+        planner_path = root / PREDICTION_FILE
+        planner = read_json(planner_path, JobError, fix=_FIX) if _present(planner_path) else {}
         return _RunFiles(
             root=root,
             metrics=_jsonl(metrics_path),
@@ -151,6 +157,7 @@ class _RunFiles:
             config=_doc(job.get("config", {}), job_path),
             job_summary=_doc(job.get("summary", {}), job_path),
             prediction=_doc(job.get("prediction", {}), job_path),
+            planner=_doc(planner, planner_path),
         )
 
 
@@ -242,6 +249,9 @@ def _summary(files: _RunFiles) -> dict[str, Any]:
     summary["events"] = _events(files.events)
     summary["comm"] = _comm_summary(files.ranks)
     summary["prediction"] = _prediction(files.prediction, summary)
+    summary["predicted_vs_measured"] = (
+        comparison(files.planner, files.metrics, warmup=WARMUP_STEPS) if files.planner else None
+    )
     return summary
 
 
@@ -419,9 +429,13 @@ def _cell(value: Any) -> str:
         return "-"
     if isinstance(value, float):
         return str(int(value)) if value.is_integer() and abs(value) < 1e15 else f"{value:.4g}"
-    text = value if isinstance(value, str) else json.dumps(value, default=str)
-    text = text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
+    text = _escape(value if isinstance(value, str) else json.dumps(value, default=str))
     return text if len(text) <= 80 else text[:77] + "..."
+
+
+def _escape(text: str) -> str:
+    """`text` on one markdown line: backslashes and | escaped, newlines made spaces."""
+    return text.replace("\\", "\\\\").replace("|", "\\|").replace("\n", " ").replace("\r", " ")
 
 
 def _table(header: list[str], rows: Iterable[Iterable[Any]]) -> list[str]:
@@ -503,8 +517,10 @@ def _markdown(s: Mapping[str, Any], files: _RunFiles) -> str:
         if events["recovery"]:
             lines += ["Recovery and health events:", ""]
             lines += _table(["time (s)", "event", "details"], map(_event_row, events["recovery"]))
+    if s["predicted_vs_measured"]:
+        lines += _planner_section(s["predicted_vs_measured"])
     if s["prediction"]:
-        lines += ["## Predicted vs measured", ""]
+        lines += ["## Figures job.json predicts, vs measured", ""]
         rows = [tuple(r.values()) for r in s["prediction"]]
         lines += _table(["quantity", "predicted", "measured", "measured / predicted"], rows)
     if files.config:
@@ -516,6 +532,42 @@ def _markdown(s: Mapping[str, Any], files: _RunFiles) -> str:
     if s.get("plots_note"):
         lines += [f"No plots: {s['plots_note']}."]
     return "\n".join(lines) + "\n"
+
+
+def _planner_section(c: Mapping[str, Any]) -> list[str]:
+    """The planner's prediction beside the measured medians (prediction.comparison)."""
+    lines = ["## Predicted vs measured, per step (the planner)", ""]
+    if c["error"] is not None:
+        return [*lines, f"No prediction: {_cell(c['error'])}.", ""]
+    lines += [
+        f"Planner: {_cell(c['system'])} x {_cell(c['devices'])}, {_cell(c['plan'])}, "
+        f"{_cell(c['precision'])}, for the steps from {c['first_step']}. Measured: the median "
+        f"of {c['steady_steps']} steady steps, from step {_cell(c['steady_from'])}.",
+        "",
+    ]
+    rows = [
+        (r["label"], *(_component(r["component"], r[k]) for k in ("predicted", "measured")))
+        + (_ratio(r["measured_over_predicted"]),)
+        for r in c["rows"]
+    ]
+    lines += _table(["component", "predicted", "measured", "measured / predicted"], rows)
+    if c["assumptions"]:
+        lines += ["Assumptions:", "", *(f"- {_escape(a)}" for a in c["assumptions"]), ""]
+    return lines
+
+
+def _component(key: str, value: float | None) -> str | None:
+    if value is None:
+        return None
+    if key == "mfu":
+        return f"{100 * value:.3g}%"
+    if key == "tokens_per_s":
+        return f"{value:,.0f}"
+    return _seconds(value)
+
+
+def _ratio(value: float | None) -> str | None:
+    return None if value is None else f"{value:.3g}"
 
 
 def _best_eval(s: Mapping[str, Any]) -> str | None:

@@ -20,7 +20,7 @@ import traceback
 
 from .. import __version__, limits
 from ..errors import PortableError
-from . import check, data, inspection, listing, lower, report, run, train
+from . import check, data, inspection, listing, lower, plan, report, run, train
 from .exit_codes import EPILOG, ExitCode, exit_code_for
 from .interrupts import handling_interrupts
 
@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     data.add_parser(sub, [common])
     train.add_parsers(sub, [common])
     report.add_parser(sub, [common])
+    plan.add_parser(sub, [common])
     return parser
 
 

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import itertools
 import json
 import sys
 import time
@@ -202,18 +201,28 @@ def errors(
 
 
 def fit(rows: list[Row], system: str) -> dict[str, Any]:
+    """Coordinate descent over (matmul, memory, link) for the lowest mean + worst/4 error."""
     mine = [r for r in rows if r.system == system]
-    best: tuple[float, dict[str, Any]] | None = None
-    for mm, mem, link in itertools.product(
-        [0.6, 0.65, 0.7, 0.75, 0.8, 0.85, 0.9], [0.5, 0.6, 0.7, 0.8, 0.9], [0.5, 0.6, 0.7, 0.8, 0.9]
-    ):
-        eff = {"matmul": mm, "memory": mem, "link": link}
-        errs = [abs(e) for *_, e in errors(mine, {system: eff})]
-        score = sum(errs) / len(errs) + 0.25 * max(errs)
-        if best is None or score < best[0]:
-            best = (score, eff)
-    assert best is not None
-    return best[1]
+    grids = {
+        "matmul": [x / 100 for x in range(40, 96, 2)],
+        "memory": [x / 100 for x in range(30, 96, 5)],
+        "link": [x / 100 for x in range(30, 96, 5)],
+    }
+    eff: dict[str, Any] = {"matmul": 0.75, "memory": 0.7, "link": 0.7}
+
+    def score(candidate: dict[str, Any]) -> float:
+        errs = [abs(e) for *_, e in errors(mine, {system: candidate})]
+        return sum(errs) / len(errs) + 0.25 * max(errs)
+
+    best = score(eff)
+    for _ in range(3):
+        for name, grid in grids.items():
+            for value in grid:
+                trial = eff | {name: value}
+                s = score(trial)
+                if s < best:
+                    best, eff = s, trial
+    return eff
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -114,14 +114,16 @@ class Coeffs:
 
     def __add__(self, other: Coeffs) -> Coeffs:
         return Coeffs(
-            *(
-                a + b
-                for a, b in zip(dataclasses.astuple(self), dataclasses.astuple(other), strict=True)
-            )
+            self.rep + other.rep,
+            self.rep_b + other.rep_b,
+            self.split + other.split,
+            self.split_b + other.split_b,
         )
 
     def scaled(self, factor: float) -> Coeffs:
-        return Coeffs(*(a * factor for a in dataclasses.astuple(self)))
+        return Coeffs(
+            self.rep * factor, self.rep_b * factor, self.split * factor, self.split_b * factor
+        )
 
 
 ZERO = Coeffs()
@@ -139,15 +141,21 @@ class Collective:
 
 @dataclasses.dataclass(frozen=True)
 class Work:
-    """One phase of a segment: matmul FLOPs, memory-bound bytes, kernel count."""
+    """One phase of a segment: matmul FLOPs, memory-bound bytes, kernel count, and each
+    matmul's (FLOPs, operand + result bytes), for its own roofline (`gemms`, in program
+    order; empty when the four programs' matmuls do not pair up)."""
 
     flops: Coeffs = ZERO
     bytes: Coeffs = ZERO
     kernels: float = 0.0
+    gemms: tuple[tuple[Coeffs, Coeffs], ...] = ()
 
     def __add__(self, other: Work) -> Work:
         return Work(
-            self.flops + other.flops, self.bytes + other.bytes, self.kernels + other.kernels
+            self.flops + other.flops,
+            self.bytes + other.bytes,
+            self.kernels + other.kernels,
+            self.gemms + other.gemms,
         )
 
 
@@ -184,9 +192,18 @@ class Costs:
     experts: int = 0
     routed: int = 1
 
-    @property
+    @functools.cached_property
     def layers(self) -> tuple[Segment, ...]:
         return tuple(s for s in self.segments if s.name not in (EMBED, HEAD))
+
+    @functools.cached_property
+    def distinct_layers(self) -> tuple[tuple[Segment, int], ...]:
+        """Each distinct layer (by its counted work) and how many layers repeat it."""
+        counts: dict[int, list[Any]] = {}
+        for seg in self.layers:
+            row = counts.setdefault(id(seg.forward), [seg, 0])
+            row[1] += 1
+        return tuple((seg, n) for seg, n in counts.values())
 
     def segment(self, name: str) -> Segment:
         for s in self.segments:
@@ -230,6 +247,7 @@ class _Sums:
     param_bytes: dict[str, float]
     optimizer: list[float]  # [bytes, kernels]
     order: list[str]
+    gemms: dict[Any, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
 
 
 def _nbytes(node: object) -> float:
@@ -364,10 +382,14 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         real = sum(1 for m in members if m.target not in _FREE)
         # scalar bookkeeping (seeds, counters, loss scalars) is folded, not a kernel
         kernel_cost[root] = (0.0, moved, 1.0 if real and moved >= _KERNEL_BYTES else 0.0)
+    gemms: dict[Any, list[tuple[float, float]]] = {}
     for node in calls:
         if node.target in _MATMULS:
-            # compute-bound: its operand traffic overlaps its arithmetic (not counted as bytes)
-            kernel_cost[node] = (float(flops.get(node, 0)), 0.0, 1.0)
+            # its operand traffic is its own roofline's (Work.gemms), not memory-bound bytes
+            f = float(flops.get(node, 0))
+            kernel_cost[node] = (f, 0.0, 1.0)
+            moved = _nbytes(node) + sum(_nbytes(a) for a in node.all_input_nodes)
+            gemms.setdefault((segment[node], phase[node]), []).append((f, moved))
 
     for anchor, (f, b, k) in kernel_cost.items():
         seg, ph = segment[anchor], phase[anchor]
@@ -394,6 +416,11 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         add_to[0] += f
         add_to[1] += b
         add_to[2] += k
+        if anchor.target in _MATMULS:
+            moved = _nbytes(anchor) + sum(_nbytes(a) for a in anchor.all_input_nodes)
+            gemms.setdefault((seg, "full"), []).append((f, moved))
+            if anchor in core:
+                gemms.setdefault((seg, "selective"), []).append((f, moved))
         if any(m in core for m in members):
             row = recompute.setdefault((seg, "selective"), [0.0, 0.0, 0.0])
             row[0] += f
@@ -457,7 +484,17 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         param_bytes[seg] = param_bytes.get(seg, 0.0) + numel * tensor.dtype.itemsize
 
     return _Sums(
-        forward, backward, recompute, mlp, saved, collectives, params, param_bytes, optimizer, order
+        forward,
+        backward,
+        recompute,
+        mlp,
+        saved,
+        collectives,
+        params,
+        param_bytes,
+        optimizer,
+        order,
+        gemms,
     )
 
 
@@ -567,18 +604,21 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
     def row(table: Mapping[Any, list[float]], key: Any, i: int) -> float:
         return table.get(key, [0.0, 0.0, 0.0])[i]
 
-    def work(table: str, key: Any) -> Work:
+    def work(table: str, key: Any, gemm_key: Any = None) -> Work:
         return Work(
             fit(lambda s: row(getattr(s, table), key, 0)),
             fit(lambda s: row(getattr(s, table), key, 1)),
             row(getattr(sums[0], table), key, 2),
+            _fit_gemms([s.gemms.get(gemm_key, []) for s in sums], batches) if gemm_key else (),
         )
 
-    recompute = {p: work("recompute", (name, p)) if p != "none" else Work() for p in POLICIES}
+    recompute = {
+        p: work("recompute", (name, p), (name, p)) if p != "none" else Work() for p in POLICIES
+    }
     return Segment(
         name=name,
-        forward=work("forward", name),
-        backward=work("backward", name),
+        forward=work("forward", name, (name, "forward")),
+        backward=work("backward", name, (name, "backward")),
         recompute=recompute,
         saved={p: fit(functools.partial(_saved, key=(name, p))) for p in POLICIES},
         collectives=_fit_collectives([s.collectives.get(name, []) for s in sums], batches),
@@ -586,6 +626,21 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
         param_bytes=fit(lambda s: s.param_bytes.get(name, 0.0)),
         mlp=work("mlp", name),
     )
+
+
+def _fit_gemms(
+    rows: Sequence[list[tuple[float, float]]], batches: tuple[int, int]
+) -> tuple[tuple[Coeffs, Coeffs], ...]:
+    """Each matmul's (FLOPs, bytes) coefficients, paired by program order; none when the four
+    programs do not have the same matmuls (the estimate then uses the FLOPs alone)."""
+    if len({len(r) for r in rows}) != 1:
+        return ()
+    out = []
+    for a, b, c, d in zip(*rows, strict=True):
+        flops = Coeffs.fit(a[0], b[0], c[0], d[0], batches)
+        moved = Coeffs.fit(a[1], b[1], c[1], d[1], batches)
+        out.append((flops, moved))
+    return tuple(out)
 
 
 def _saved(s: _Sums, key: tuple[str, str]) -> float:
@@ -609,6 +664,7 @@ def _double(s: _Sums) -> _Sums:
         s.param_bytes,
         s.optimizer,
         s.order,
+        {k: [(f * 2, b * 2) for f, b in v] for k, v in s.gemms.items()},
     )
 
 

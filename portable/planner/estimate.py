@@ -46,6 +46,7 @@ from .systems import System
 __all__ = ["Breakdown", "Estimate", "Memory", "price"]
 
 _WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
+_OPTIMIZER_TRAFFIC = 30  # bytes of HBM traffic per parameter element in the update
 
 
 @dataclasses.dataclass(frozen=True)
@@ -171,7 +172,12 @@ def _rates(system: System, precision: str) -> _Rates:
 def _work_time(work: Work, b: float, t: int, sp: bool, cp: int, r: _Rates) -> float:
     flops = _at(work.flops, b, t, sp) / cp
     moved = _at(work.bytes, b, t, sp) / cp
-    return flops * r.flop + moved * r.byte + work.kernels * r.kernel
+    matmul = 0.0
+    for g_flops, g_bytes in work.gemms:  # each matmul's roofline
+        f = g_flops.at(b, t) / cp
+        matmul += max(f * r.flop, g_bytes.at(b, t) / cp * r.byte)
+        flops -= f
+    return matmul + max(flops, 0.0) * r.flop + moved * r.byte + work.kernels * r.kernel
 
 
 def _at(q: Coeffs, b: float, t: int, sp: bool) -> float:
@@ -277,7 +283,6 @@ def price(
             ep_comm = 4 * collective_time(system, "all_to_all", tokens * plan.ep, plan.ep, t * cp)
         return fwd + bwd + rec, rec, comm, cp_comm, ep_comm
 
-    per_layer = [layer_time(seg) for seg in layers]
     chunk = len(layers) // p
     embed = [s for s in costs.segments if s.name == "embed"]
     head = [s for s in costs.segments if s.name == "head"]
@@ -285,12 +290,29 @@ def price(
         "embed": sum(_segment_time(s, b, t, sp, cp, r, system) for s in embed),
         "head": sum(_segment_time(s, b, t, sp, cp, r, system) for s in head),
     }
+    embed_params = sum(s.params.at(1, t) for s in embed)
+    head_params = sum(s.params.at(1, t) for s in head)
+    distinct = costs.distinct_layers
+    priced = {id(seg.forward): (layer_time(seg), seg.params.at(1, t)) for seg, _ in distinct}
+    uniform = len(distinct) == 1
     stages = []
+    stage_param_counts = []
     for i in range(p):
-        rows = per_layer[i * chunk : (i + 1) * chunk]
-        totals = [sum(x[k] for x in rows) for k in range(5)]
+        if uniform:  # every layer the same: a stage is `chunk` copies of it
+            one, params = next(iter(priced.values()))
+            totals = [x * chunk for x in one]
+            stage_param_count = params * chunk
+        else:
+            rows = [priced[id(seg.forward)] for seg in layers[i * chunk : (i + 1) * chunk]]
+            totals = [sum(x[0][k] for x in rows) for k in range(5)]
+            stage_param_count = sum(x[1] for x in rows)
         totals[0] += (outer["embed"] if i == 0 else 0.0) + (outer["head"] if i == p - 1 else 0.0)
         stages.append(totals)
+        stage_param_counts.append(
+            stage_param_count
+            + (embed_params if i == 0 else 0.0)
+            + (head_params if i == p - 1 else 0.0)
+        )
     slowest = max(stages, key=lambda s: s[0] + s[2] + s[3] + s[4])
     t_mb = sum(slowest[k] for k in (0, 2, 3, 4))
     compute = m * slowest[0]
@@ -301,15 +323,10 @@ def price(
     if p > 1:
         # Megatron's scatter-gather: each TP rank sends 1/t of the activation (Narayanan 2021)
         act = b * costs.seq / cp * costs.hidden * 2 / t
-        one = collective_time(system, "all_to_all", act * 2, 2, t * cp * dp)  # one send
-        pp_comm = 2 * (m * v + p - 1) * one
+        send = collective_time(system, "all_to_all", act * 2, 2, t * cp * dp)  # one send
+        pp_comm = 2 * (m * v + p - 1) * send
     # parameters per rank
-    stage_params = max(
-        sum(s.params.at(1, t) for s in layers[i * chunk : (i + 1) * chunk])
-        + (sum(s.params.at(1, t) for s in embed) if i == 0 else 0.0)
-        + (sum(s.params.at(1, t) for s in head) if i == p - 1 else 0.0)
-        for i in range(p)
-    )
+    stage_params = max(stage_param_counts)
     if experts:
         stage_params = _expert_params(layers, chunk, t, experts, plan.ep, stage_params)
     grad_bytes = stage_params * plan.grad_bytes
@@ -335,16 +352,20 @@ def price(
     else:
         dp_comm = sync + fsdp_gather
     opt_params = stage_params / (dp if plan.zero >= 1 else 1)
-    optimizer = (
-        opt_params * costs.optimizer_bytes_per_param * r.byte + costs.optimizer_kernels * r.kernel
-    )
+    # mixed-precision Adam: read and write the fp32 master and moments (12 + 12 bytes), read the
+    # gradient twice (clipping's norm, the update) and write the bf16 weight: 30 bytes
+    optimizer = opt_params * _OPTIMIZER_TRAFFIC * r.byte + costs.optimizer_kernels * r.kernel
     step = compute + tp_comm + cp_comm + ep_comm + pp_comm + dp_comm + bubble + optimizer
     breakdown = Breakdown(
         compute, recompute, tp_comm, cp_comm, ep_comm, pp_comm, dp_comm, bubble, optimizer
     )
     memory = _memory(costs, plan, layers, chunk, embed, head, stage_params, dp, b, t, sp, cp, m)
     model_flops = costs.model_flops_per_sample * plan.global_batch
-    rec_flops = sum(s.recompute[policy].flops.at(1, 1) for s in layers) if policy != "none" else 0.0
+    rec_flops = (
+        sum(s.recompute[policy].flops.at(1, 1) * n for s, n in distinct)
+        if policy != "none"
+        else 0.0
+    )
     hardware = model_flops + rec_flops * plan.global_batch
     peak = system.peak(plan.precision)
     limit = memory_limit_bytes if memory_limit_bytes is not None else system.hbm_bytes
@@ -421,7 +442,8 @@ def _memory(
     grads = stage_params * _GRAD_BYTES / (dp if zero >= 2 else 1)
     states = stage_params * _OPTIMIZER_BYTES / (dp if zero >= 1 else 1)
     p, v = plan.pp, plan.virtual
-    per_layer = max(_at(s.saved[plan.recompute], b, t, sp) for s in layers) / cp
+    distinct = [s for s, _ in costs.distinct_layers]
+    per_layer = max(_at(s.saved[plan.recompute], b, t, sp) for s in distinct) / cp
     in_flight = min(p, m) if p > 1 else 1
     factor = 1.0 + (p - 1) / (p * v) if v > 1 else 1.0
     activations = per_layer * chunk * in_flight * factor
@@ -434,5 +456,5 @@ def _memory(
     )
     transient = 0.0
     if plan.recompute != "none":
-        transient = max(_at(s.saved["none"], b, t, sp) for s in layers) / cp
+        transient = max(_at(s.saved["none"], b, t, sp) for s in distinct) / cp
     return Memory(weights, grads, states, activations, other, transient)

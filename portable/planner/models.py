@@ -11,6 +11,8 @@ counted as it is: its costs scale with the micro-batch, and tensor parallelism n
 
 from __future__ import annotations
 
+import copy
+import dataclasses
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -18,9 +20,13 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
+from ..capture import capture
 from ..errors import PlannerError
 from ..ir.plan import Mesh, Plan, ShardingRule
 from ..ir.program import Program
+from ..optim import AdamW
+from ..parallel import column_parallel, head_parallel, row_parallel
+from ..passes.spmd_partition import partition
 from .costs import Costs, count
 from .transformer import Transformer
 
@@ -56,8 +62,6 @@ def costs_of(model: Any, *, seq: int | None = None) -> Costs:
 
 
 def _with_seq(model: Transformer, seq: int) -> Transformer:
-    import dataclasses
-
     return dataclasses.replace(model, seq=seq)
 
 
@@ -75,10 +79,6 @@ def _capture_costs(
     layers: int,
     source: str,
 ) -> Costs:
-    from .. import capture
-    from ..optim import AdamW
-    from ..passes.spmd_partition import partition
-
     module = build()
     programs: list[Program] = []
     for b in BATCHES:
@@ -93,8 +93,6 @@ def _capture_costs(
 
 @functools.lru_cache(maxsize=64)
 def _transformer_costs(model: Transformer) -> Costs:
-    import dataclasses
-
     costs = _capture_costs(
         lambda: model.module(layers=1),
         model.vocab,
@@ -150,9 +148,6 @@ _HF_CACHE: dict[tuple[str, str, int], Costs] = {}
 def _hf_cached(key: tuple[str, str, int], config: Any) -> Costs:
     if key in _HF_CACHE:
         return _HF_CACHE[key]
-    import copy
-    import dataclasses
-
     import transformers
 
     seq = key[2]
@@ -169,8 +164,6 @@ def _hf_cached(key: tuple[str, str, int], config: Any) -> Costs:
 
     heads = int(config.num_attention_heads)
     kv = int(getattr(config, "num_key_value_heads", None) or heads)
-    from ..parallel import column_parallel, head_parallel, row_parallel
-
     rules = [
         *head_parallel(r"model\.layers\.\d+\.self_attn", heads=heads, kv_heads=kv, axis_size=2),
         *column_parallel(r"model\.layers\.\d+\.mlp\.(gate|up)_proj", bias=False),

@@ -30,7 +30,7 @@ import torch.nn.functional as F
 
 from ..errors import PlannerError
 from ..ir.plan import ShardingRule
-from ..parallel import column_parallel, row_parallel
+from ..parallel import column_parallel, row_parallel, vocab_parallel
 
 __all__ = ["Transformer"]
 
@@ -142,13 +142,15 @@ class Transformer:
     def tp_rules(self, axis: str = "tp") -> list[ShardingRule]:
         """Megatron-LM's tensor-parallel split of every block: QKV and the MLP's first
         projection(s) column-parallel, the attention output and the MLP's last projection
-        row-parallel."""
+        row-parallel, the embedding (and the head tied to it) split over the vocabulary."""
         first = r"blocks\.\d+\.mlp\.(gate|up)" if self.gated_mlp else r"blocks\.\d+\.mlp\.fc"
         return [
             *column_parallel(r"blocks\.\d+\.attn\.qkv", axis, bias=self.bias),
             *row_parallel(r"blocks\.\d+\.attn\.proj", axis),
             *column_parallel(first, axis, bias=self.bias),
             *row_parallel(r"blocks\.\d+\.mlp\.proj", axis),
+            *vocab_parallel(r"embed", axis),
+            *([] if self.tied_embeddings else column_parallel(r"head", axis, bias=False)),
         ]
 
 

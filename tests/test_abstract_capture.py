@@ -15,12 +15,15 @@ import torch
 import torch.nn.functional as F
 
 import portable
-from portable import Mesh, Plan
+from portable import Plan
 from portable.capture import layers
 from portable.errors import AbstractProgramError
 from portable.ir.program import Program
+from portable.passes import get_pass
+from portable.passes.mx_quantize import mx_error_report
 from portable.passes.spmd_partition import partition
-from tests.spmd_cases import hf_plan_for
+from portable.testing import check_parity
+from tests.spmd_cases import hf_plan_for, plan_for
 
 Precision = portable.Precision
 
@@ -62,79 +65,137 @@ def _train(model, batch, **recipe):
     return portable.capture(model, batch, loss_fn=lm_loss, **recipe)
 
 
+RECIPE = {"precision": Precision(compute="bfloat16"), "remat": "selective"}
+_CAPTURED: dict[tuple[str, str], dict[str, Program]] = {}
+
+
+def _captured(hf_model, family: str, kind: str) -> dict[str, Program]:
+    """{"abstract": ..., "real": ...}: the `kind` ("inference", "step") program of a small model
+    built on meta and on the CPU, captured once per test session."""
+    if (family, kind) not in _CAPTURED:
+        if family == "examples.llama":
+            from examples.llama import Llama
+
+            models = _meta_and_real(Llama)
+        else:
+            models = _meta_and_real(lambda: hf_model(family))
+        batch = _batch()
+        _CAPTURED[family, kind] = {
+            name: portable.capture(model, batch[:1])
+            if kind == "inference"
+            else _train(model, batch, **RECIPE)
+            for name, model in zip(("abstract", "real"), models, strict=True)
+        }
+    return _CAPTURED[family, kind]
+
+
+def _per_rank(hf_model, family: str, plan: Plan) -> dict[str, Program]:
+    programs = _captured(hf_model, family, "step")
+    return {name: partition(p.replace(plan=plan))[0] for name, p in programs.items()}
+
+
 # --------------------------------------------------------------------------- capture
 
 
-def test_meta_llama_captures_inference_and_training_as_the_real_model_does(hf_model):
-    meta, real = _meta_and_real(lambda: hf_model("llama"))
-    idx, targets = _batch()
-    _assert_same_program(portable.capture(meta, (idx,)), portable.capture(real, (idx,)))
-    recipe = {"precision": Precision(compute="bfloat16"), "remat": "selective"}
-    abstract = _train(meta, (idx, targets), **recipe)
-    _assert_same_program(abstract, _train(real, (idx, targets), **recipe))
-    assert abstract.kind.value == "training_step"
-    # the model is left as it was: still on meta, no fake tensor left behind
-    assert all(p.is_meta for p in meta.parameters())
-    assert all(b.is_meta for b in meta.buffers())
+@pytest.mark.parametrize("family", ["llama", "qwen2", "gpt2"])
+def test_a_meta_model_captures_inference_as_the_real_model_does(hf_model, family):
+    programs = _captured(hf_model, family, "inference")
+    _assert_same_program(programs["abstract"], programs["real"])
+
+
+def test_a_meta_llama_captures_a_training_step_as_the_real_model_does(hf_model):
+    programs = _captured(hf_model, "llama", "step")
+    _assert_same_program(programs["abstract"], programs["real"])
+    assert programs["abstract"].kind.value == "training_step"
+    assert programs["abstract"].metadata["recipe"] == programs["real"].metadata["recipe"]
+
+
+def test_capture_leaves_the_meta_model_as_it_was(hf_model):
+    with torch.device("meta"):
+        model = hf_model("llama")
+    before = {n: t for n, t in [*model.named_parameters(), *model.named_buffers()]}
+    portable.capture(model, _batch()[:1])
+    after = dict([*model.named_parameters(), *model.named_buffers()])
+    assert after.keys() == before.keys() and all(after[n] is t for n, t in before.items())
+    assert all(t.is_meta for t in after.values())
 
 
 def test_meta_example_inputs_capture_too(hf_model):
     with torch.device("meta"):
         model = hf_model("llama")
     idx = torch.empty(4, 16, dtype=torch.int64, device="meta")
-    program = _train(model, (idx, idx))
+    program = portable.capture(model, (idx,))
     assert program.abstract
-    assert [i.spec.shape for i in program.signature.user_inputs] == [(4, 16), (4, 16)]
+    assert program.signature.user_inputs[0].spec.shape == (4, 16)
 
 
-@pytest.mark.parametrize("plan", ["dp_tp", "fsdp"])
-def test_partitioned_abstract_program_has_the_real_per_rank_shapes(hf_model, plan):
-    meta, real = _meta_and_real(lambda: hf_model("llama"))
-    batch = _batch()
-    chosen = hf_plan_for("llama", plan)
-    per_rank = {}
-    for name, model in (("abstract", meta), ("real", real)):
-        program = _train(model, batch, precision=Precision(compute="bfloat16"), remat="full")
-        per_rank[name], _ = partition(program.replace(plan=chosen))
+# --------------------------------------------------------------------------- passes
+
+
+@pytest.mark.parametrize("plan", ["dp_tp", "fsdp", "dp_tp_sp"])
+def test_partitioned_abstract_llama_has_the_real_per_rank_shapes(hf_model, plan):
+    per_rank = _per_rank(hf_model, "llama", hf_plan_for("llama", plan))
     _assert_same_program(per_rank["abstract"], per_rank["real"])
     assert per_rank["abstract"].spmd == per_rank["real"].spmd
     portable.verify(per_rank["abstract"])
 
 
-def test_running_an_abstract_program_is_refused_with_the_fix(hf_model):
-    with torch.device("meta"):
-        model = hf_model("llama")
-    idx, _ = _batch()
-    program = portable.capture(model, (idx,))
+def test_partitioned_abstract_example_llama_has_the_real_per_rank_shapes(hf_model):
+    per_rank = _per_rank(hf_model, "examples.llama", plan_for("llama", "dp_tp"))
+    _assert_same_program(per_rank["abstract"], per_rank["real"])
+
+
+def test_remat_comm_overlap_and_the_neuron_lowering_run_on_an_abstract_program(hf_model):
+    step = _captured(hf_model, "llama", "step")["abstract"]
+    full = get_pass("remat", policy="full").apply(step)
+    assert full.program.abstract and full.report.counts["recomputed"] > 0
+    per_rank = _per_rank(hf_model, "llama", hf_plan_for("llama", "dp_tp"))["abstract"]
+    overlapped = get_pass("comm-overlap", bucket_mb=1.0).apply(per_rank).program
+    assert overlapped.abstract
+    written = portable.lower(overlapped, "neuron:trn3")
+    assert written.lowered.program is overlapped and written.lowered.texts
+
+
+# --------------------------------------------------------------------------- what needs values
+
+
+def test_what_needs_weight_values_refuses_an_abstract_program_with_the_fix(hf_model, tmp_path):
+    program = _captured(hf_model, "llama", "inference")["abstract"]
     with pytest.raises(AbstractProgramError) as info:
         portable.compile(program, backend="cpu")
     message = str(info.value)
-    assert "is abstract" in message and "model.embed_tokens.weight" in message
+    assert "running on cpu needs weight values" in message and "is abstract" in message
+    assert "model.embed_tokens.weight" in message
     assert "to_empty(device='cpu')" in message and "load_state_dict" in message
-
-
-def test_a_plain_mesh_of_one_still_partitions_an_abstract_gpt():
-    from examples.gpt import GPT
-
-    with torch.device("meta"):
-        model = GPT()
-    idx, targets = _batch((2, 16))
-    program = _train(model, (idx, targets))
-    per_rank, _ = partition(program.replace(plan=Plan(Mesh({"dp": 2}), batch_axes=("dp",))))
-    assert per_rank.abstract
-    assert [i.spec.shape for i in per_rank.signature.user_inputs] == [(1, 16), (1, 16)]
-
-
-def test_saving_an_abstract_program_is_refused(tmp_path):
-    from examples.gpt import GPT
-
-    with torch.device("meta"):
-        model = GPT()
-    program = portable.capture(model, (_batch((2, 16))[0],))
+    for target, what in (("onnx", "lowering to onnx"), ("cuda:sm_90", "writing cuda's")):
+        with pytest.raises(AbstractProgramError, match=what):
+            portable.lower(program, target, tmp_path / target.replace(":", "_"))
     with pytest.raises(AbstractProgramError, match=r"saving needs weight values"):
-        program.save(tmp_path / "gpt.portable")
-    assert not (tmp_path / "gpt.portable").exists()
+        program.save(tmp_path / "llama.portable")
+    assert not (tmp_path / "llama.portable").exists()
     assert len(program.content_hash) == 64  # hashed from shapes and dtypes
+    quantized = get_pass("mx-quantize").apply(program).program
+    assert quantized.abstract and quantized.metadata["mx_quantize"]["layers"]
+    with pytest.raises(AbstractProgramError, match="mx-quantize's error report"):
+        mx_error_report(quantized, _batch()[:1])
+    with torch.device("meta"):
+        model = hf_model("llama")
+    with pytest.raises(AbstractProgramError, match="running on cpu"):
+        check_parity(model, _batch()[:1], backends=["cpu"])
+
+
+def test_a_materialized_model_captures_with_values_again(hf_model):
+    """The documented fix: to_empty + load_state_dict gives a program that runs."""
+    with torch.device("meta"):
+        model = hf_model("llama")
+    torch.manual_seed(0)
+    state = hf_model("llama").state_dict()
+    model.to_empty(device="cpu")
+    model.load_state_dict(state)
+    model.model.rotary_emb.__init__(model.config)  # non-persistent buffers are computed, not loaded
+    program = portable.capture(model, _batch()[:1])
+    assert not program.abstract
+    assert portable.compile(program)(_batch()[0]).shape == (4, 16, 128)
 
 
 # --------------------------------------------------------------------------- repeated layers
@@ -224,3 +285,27 @@ def test_layers_that_differ_are_traced_whole():
     same = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(7))
     found = layers.find_stack(torch.nn.Sequential(same))
     assert found is not None and (found.path, found.count) == ("0", 7)
+
+
+# --------------------------------------------------------------------------- the benchmark
+
+
+def test_the_abstract_capture_benchmark_runs_its_smoke_case(monkeypatch):
+    """benchmarks/abstract_capture.py --smoke: a 7-layer Llama from meta, captured (repeated
+    layers), partitioned dp=2 x tp=2; the table and the goal check render."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "abstract_capture.py"
+    spec = importlib.util.spec_from_file_location("_bench_abstract_capture", path)
+    bench = importlib.util.module_from_spec(spec)
+    monkeypatch.setitem(sys.modules, spec.name, bench)  # its dataclasses look their module up
+    spec.loader.exec_module(bench)
+    row = bench.measure(bench.CASES["smoke"])
+    assert row["abstract"] and row["repeated_layers"]["layers"] == 7
+    assert row["capture"]["wall_s"] > 0 and row["partition"]["cpu_s"] > 0
+    assert row["per_rank_nodes"] > row["nodes"] > 0 and row["peak_rss_bytes"] > 0
+    assert "| smoke (7 layers, width 64) |" in bench.table([row])
+    seventy = {**row, "model": "Llama-3-70B", "peak_rss_bytes": 5 << 30}
+    assert bench.goal(seventy).startswith("MISSED")

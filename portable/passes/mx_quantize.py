@@ -367,6 +367,7 @@ def mx_error_report(program: Program, inputs: Sequence[torch.Tensor]) -> list[di
     record = program.metadata.get("mx_quantize")
     if not isinstance(record, dict):
         return []
+    program.require_values("mx-quantize's error report (it runs the program)")
     rows = [
         {"module": layer["module"], **operand}
         for layer in record.get("layers", [])

@@ -191,6 +191,7 @@ class Costs:
     kv_width: int = 0  # key (= value) width per token
     experts: int = 0
     routed: int = 1
+    heads: int = 0  # attention heads (TP must divide them); 0 when unknown
 
     @functools.cached_property
     def layers(self) -> tuple[Segment, ...]:

@@ -288,7 +288,7 @@ def price(
     head = [s for s in costs.segments if s.name == "head"]
     outer = {
         "embed": sum(_segment_time(s, b, t, sp, cp, r, system) for s in embed),
-        "head": sum(_segment_time(s, b, t, sp, cp, r, system) for s in head),
+        "head": sum(_head_time(s, b, costs.seq, t, cp, r, system) for s in head),
     }
     embed_params = sum(s.params.at(1, t) for s in embed)
     head_params = sum(s.params.at(1, t) for s in head)
@@ -394,6 +394,23 @@ def _segment_time(
     total = _work_time(seg.forward, b, t, sp, cp, r) + _work_time(seg.backward, b, t, sp, cp, r)
     for phase in ("forward", "backward"):
         total += _collectives_time(system, seg.collectives, phase, b / cp, t)
+    return total
+
+
+def _head_time(
+    seg: Segment, b: float, seq: int, t: int, cp: int, r: _Rates, system: System
+) -> float:
+    """The head (final norm, LM head, loss) with Megatron's vocabulary-parallel cross entropy:
+    every rank works on its 1/t of the logits and the ranks exchange per-token maxima and sums
+    (bytes of b s floats). The partitioner gathers the logits instead and runs the loss on full
+    copies; that gather and the repeated loss work are not priced."""
+    total = _work_time(seg.forward, b, t, True, cp, r) + _work_time(seg.backward, b, t, True, cp, r)
+    for c in seg.collectives:
+        if c.kind == "all_gather":
+            continue  # the logits gather a vocabulary-parallel loss does not make
+        total += collective_time(system, c.kind, c.bytes.at(b / cp, 1), t, 1)
+    if t > 1:
+        total += 2 * collective_time(system, "all_reduce", b * seq / cp * 4, t, 1)
     return total
 
 

@@ -107,6 +107,7 @@ def _transformer_costs(model: Transformer) -> Costs:
         kv_width=model.kv_count * model.head_dim,
         experts=model.experts,
         routed=model.routed,
+        heads=model.heads,
     )
 
 
@@ -156,6 +157,7 @@ def _hf_cached(key: tuple[str, str, int], config: Any) -> Costs:
     if hasattr(one, "layer_types") and one.layer_types is not None:
         one.layer_types = one.layer_types[:1]
     one._attn_implementation = "sdpa"
+    one.use_cache = False  # a training step keeps no key/value cache
 
     def build() -> torch.nn.Module:
         with torch.device("meta"):
@@ -173,6 +175,8 @@ def _hf_cached(key: tuple[str, str, int], config: Any) -> Costs:
         build, int(config.vocab_size), seq, rules, int(config.num_hidden_layers), key[0]
     )
     head_dim = int(getattr(config, "head_dim", None) or config.hidden_size // heads)
-    costs = dataclasses.replace(costs, hidden=int(config.hidden_size), kv_width=kv * head_dim)
+    costs = dataclasses.replace(
+        costs, hidden=int(config.hidden_size), kv_width=kv * head_dim, heads=heads
+    )
     _HF_CACHE[key] = costs
     return costs

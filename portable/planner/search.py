@@ -120,9 +120,12 @@ def candidates(
     overlap_grad_reduce: bool = True,
     grad_bytes: int = 2,
 ) -> Iterable[Parallelism]:
-    """Every configuration whose degrees fit `devices`, the layer count and the batch."""
+    """Every configuration whose degrees fit `devices`, the layer count and the batch: TP a
+    power of two dividing the heads, PP any divisor of the layers (up to 128), CP 1-8."""
     layers = len(costs.layers)
-    for t, p, c in itertools.product(tp or _POW2, pp or _POW2, cp or (1, 2, 4, 8)):
+    heads = heads or costs.heads or None
+    stages = pp or [d for d in range(1, min(layers, 128) + 1) if layers % d == 0]
+    for t, p, c in itertools.product(tp or _POW2, stages, cp or (1, 2, 4, 8)):
         model = t * p * c
         if devices % model or p > layers:
             continue

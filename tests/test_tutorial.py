@@ -204,6 +204,10 @@ _FOREIGN_FLAGS = {
     "--quick",  # benchmarks/reliability.py
     "--sweep",
     "--dtypes",  # tests/support/opinfo.py (the OpInfo sweep)
+    "--recompute-granularity",  # Megatron-LM's flag, named in docs/planner.md
+    "--fit",  # benchmarks/planner_validation.py
+    "--rows",
+    "--layers",  # benchmarks/planner_speed.py
 }
 
 

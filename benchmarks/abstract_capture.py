@@ -2,7 +2,8 @@
 `meta`-device models and partitioned for 144 chips.
 
     python benchmarks/abstract_capture.py [--models 70b,405b] [--smoke] [--neuron]
-                                          [--json out.json] [--write docs/performance.md]
+                                          [--json out.json] [--write docs/abstract-capture.md
+                                           --write docs/performance.md]
 
 Each model runs in a fresh process (so its peak RSS is its own, imports included):
 
@@ -237,7 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--smoke", action="store_true", help="a 7-layer Llama, in-process")
     parser.add_argument("--neuron", action="store_true", help="also lower for neuron:trn3")
     parser.add_argument("--json", type=Path)
-    parser.add_argument("--write", type=Path, help="update this markdown file's block")
+    parser.add_argument(
+        "--write", type=Path, action="append", help="update this markdown file's block (repeatable)"
+    )
     parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process: one case, JSON
     args = parser.parse_args(argv)
     if args.one:
@@ -255,7 +258,8 @@ def main(argv: list[str] | None = None) -> int:
         sys.path.insert(0, str(HERE))
         from cpu_overhead import write
 
-        write(args.write, text, MARK)
+        for path in args.write:
+            write(path, text, MARK)
     return 0
 
 

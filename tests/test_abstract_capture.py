@@ -239,17 +239,24 @@ def _traced_whole(monkeypatch, capture):
         return capture()
 
 
-def test_a_deep_stack_is_traced_in_part_and_repeated_into_the_full_trace(hf_model, monkeypatch):
+@pytest.mark.parametrize(
+    "recipe",
+    [
+        {"precision": Precision(compute="bfloat16"), "remat": "selective", "clip_grad_norm": 1.0},
+        {"precision": Precision(compute="float16"), "remat": "full", "accumulate": 2},
+    ],
+    ids=["bf16-selective-clip", "fp16-full-accumulate"],
+)
+def test_a_deep_stack_is_traced_in_part_and_repeated_into_the_full_trace(
+    hf_model, monkeypatch, recipe
+):
     """Six Llama layers: five traced, the middle one repeated; the program equals the trace of
-    all six node for node (op, spec, module path, phase, arguments), with the same signature."""
+    all six node for node (op, spec, module path, phase, arguments), with the same signature:
+    with clipping (the norms' stack gathers every layer), loss scaling and micro-batches (the
+    gradients accumulate in ascending layer order, the backward runs descending)."""
     with torch.device("meta"):
         model = hf_model("llama", num_hidden_layers=6)
     batch = _batch()
-    recipe = {
-        "precision": Precision(compute="bfloat16"),
-        "remat": "selective",
-        "clip_grad_norm": 1.0,
-    }
     repeated = _train(model, batch, **recipe)
     assert repeated.metadata["repeated_layers"] == {
         "stack": "model.layers",
@@ -276,6 +283,37 @@ def test_repeated_inference_of_the_gpt_example_equals_its_full_trace(monkeypatch
     assert repeated.metadata["repeated_layers"]["layers"] == 7
     whole = _traced_whole(monkeypatch, lambda: portable.capture(model, (idx,)))
     assert _form(repeated) == _form(whole)
+
+
+class _Stacked(torch.nn.Module):
+    """Seven linear layers; returns every layer's output stacked (a list of all layers), or the
+    last plus the third one's (a value outside the stack reading a middle layer)."""
+
+    def __init__(self, skip: bool) -> None:
+        super().__init__()
+        self.skip = skip
+        self.layers = torch.nn.ModuleList(
+            torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Tanh()) for _ in range(7)
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        outs = []
+        for layer in self.layers:
+            x = layer(x)
+            outs.append(x)
+        return x + outs[2] if self.skip else torch.stack(outs)
+
+
+@pytest.mark.parametrize("skip", [False, True], ids=["stack-of-all", "reads-a-middle-layer"])
+def test_repetition_gathers_lists_and_refuses_what_does_not_repeat(monkeypatch, skip):
+    with torch.device("meta"):
+        model = _Stacked(skip)
+    x = torch.randn(2, 8)
+    program = portable.capture(model, (x,))
+    assert ("repeated_layers" in program.metadata) is not skip
+    whole = _traced_whole(monkeypatch, lambda: portable.capture(model, (x,)))
+    assert _form(program) == _form(whole)
+    assert program.signature.outputs[0].spec.shape == ((2, 8) if skip else (7, 2, 8))
 
 
 def test_layers_that_differ_are_traced_whole():

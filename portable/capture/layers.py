@@ -1,10 +1,10 @@
-"""Repeated layers: an abstract capture of a deep stack traces four layers and repeats one.
+"""Repeated layers: an abstract capture of a deep stack traces five layers and repeats one.
 
 Tracing costs torch about two seconds per transformer layer (export, AOT autograd's joint
 graph, the optimizer's trace), so an 80-layer model would take minutes. Its layers are one
 module class with one parameter layout, and the training step (or inference) program of 80 such
-layers is that of 4 with the middle layer's nodes repeated. So an abstract capture (no weight
-values: nothing runs) of a model whose largest `nn.ModuleList` holds more than `CAPTURED + 1`
+layers is that of 5 with the middle layer's nodes repeated. So an abstract capture (no weight
+values: nothing runs) of a model whose largest `nn.ModuleList` holds more than `CAPTURED`
 identical layers (`find_stack`) traces the model with its first `CAPTURED` layers (`truncated`),
 and `repeat_layers` rebuilds the graph of all of them:
 
@@ -13,21 +13,24 @@ and `repeat_layers` rebuilds the graph of all of them:
 
 A node belongs to layer k if its source module is under `<stack>.k` (a parameter, buffer or
 optimizer-state input if its target is; an op with no model source, such as an optimizer
-update's, if all its layer inputs are in k). A copy of a template node reads the copy of each
-input from its own layer, the previous copy's counterpart of an input from the previous layer,
-the next copy's counterpart of an input from the next layer, and other values as they are;
-a value that gathers all layers (the gradient norms `stack`, the graph's outputs) gets the
-copies' values after the template's. Copies come after the template's run of nodes (forward,
-optimizer) or before it (backward, which runs the layers in reverse), so the order is the one a
-full trace gives. Node names are renumbered in graph order; inputs and outputs are named as a
-full capture names them (`model.layers.7.mlp.up_proj.weight`).
+update's, if all its layer inputs are in k; a value computed from values outside the stack
+only, such as the rotary tables' `unsqueeze`, to the one layer that reads it, else to none).
+A copy of a template node reads the copy of each input from its own layer, the previous copy's
+counterpart of an input from the previous layer, the next copy's counterpart of an input from
+the next layer, and other values as they are; a list that gathers all layers (the gradient
+norms' `stack`, the graph's outputs) gets the copies' values after each run of the template's,
+and its node's fake value is derived again. Copies come after each run of the template's nodes
+where the trace takes the layers in ascending order (forward, optimizer, gradient accumulation)
+and before it where it takes them in descending order (the backward: layer 3's twin of the run
+comes first), so the order is the one a full trace gives. Node names are renumbered in graph
+order; inputs and outputs are named as a full capture names them
+(`model.layers.7.mlp.up_proj.weight`).
 
 The repetition is checked before it is used: layers 1, 2 and 3 must have the same nodes (op,
-shape, dtype, arguments relative to their layer), no value may skip a layer, and only values
-gathering all layers may read the middle ones. A value a layer computes from values outside the
-stack only and other layers read too (one `unsqueeze` of the rotary tables for all layers) is
-outside the stack. Otherwise, or when dropout draws random streams
-(each layer its own), `repeat_layers` returns None and capture traces the whole model.
+spec, literal arguments, arguments relative to their layer), no value may skip a layer, only
+lists that gather all layers may read the middle ones, and a parameter's optimizer group must
+not depend on its layer. Otherwise, or when dropout draws random streams (each layer its own),
+`repeat_layers` returns None and capture traces the whole model.
 """
 
 from __future__ import annotations
@@ -317,11 +320,14 @@ class _Rebuild:
     def order(self) -> list[tuple[Node, int | None]]:
         """Every final node, in a topological order that follows the full trace's."""
         nodes = list(self.program.graph.nodes)
+        position = {n: p for p, n in enumerate(nodes)}
+        successor = {t: n for n, t in self.next.items()}  # template node -> its layer-3 twin
         keys: dict[tuple[Node, int | None], tuple] = {}
         for p, node in enumerate(nodes):
             keys[(node, None)] = (p, 0, 0)
         for start, end in self._runs(nodes):
-            backward = nodes[start].meta.get("phase") == "backward"
+            # layers run in descending order here (a backward) if layer 3's twin comes first
+            backward = position[successor[nodes[start]]] < start
             for p in range(start, end + 1):
                 for c in self.copies:
                     keys[(nodes[p], c)] = (start - 0.5, -c, p) if backward else (end + 0.5, c, p)
@@ -440,6 +446,11 @@ class _Rebuild:
             layer = layer_of[k]
             final = self.final_layer(old_args[k], copy) if layer is not None else None
             outputs.append(self._output(specs[k], layer, final))
+        values = typing.cast(tuple[Node, ...], graph.output_node().args[0])
+        outputs = [  # a gathering output's spec was derived again (`_rederive`)
+            dataclasses.replace(o, spec=v.meta["tensor"]) if v.meta.get("tensor") != o.spec else o
+            for o, v in zip(outputs, values, strict=True)
+        ]
         weights = {
             key: program.weights[old] if key == old else abstract_weight(program.weights[old])
             for key, old in captured.items()

@@ -126,3 +126,17 @@ def test_bad_plans_are_typed_errors(model: planner.Transformer) -> None:
         planner.estimate(model, system, planner.Parallelism(pp=4, dp=2, global_batch=8))
     with pytest.raises(PlannerError, match="not a multiple of heads"):
         dataclasses.replace(model, heads=5)
+
+
+def test_experts_add_routed_work_and_split_over_ep(costs: planner.Costs) -> None:
+    from portable.planner.estimate import price
+
+    system = planner.system("h100", devices=8)
+    moe = dataclasses.replace(costs, experts=8, routed=2)
+    plan = planner.Parallelism(dp=8, global_batch=8, micro_batch=1)
+    dense = price(costs, system, plan)
+    one = price(moe, system, plan, experts=8, routed=2)
+    split = price(moe, system, dataclasses.replace(plan, ep=8), experts=8, routed=2)
+    assert one.breakdown.compute > dense.breakdown.compute  # two experts per token
+    assert split.memory.parameters < one.memory.parameters  # experts spread over ep
+    assert split.breakdown.ep_comm > 0 and one.breakdown.ep_comm == 0

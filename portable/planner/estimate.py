@@ -264,7 +264,7 @@ def price(
         """(compute, recompute, tp comm, cp comm, ep comm) of one layer, one micro-batch."""
         scale = _moe_scale(seg, routed)
         fwd = _work_time(seg.forward + scale, b, t, sp, cp, r)
-        bwd = _work_time(seg.backward + scale.scaled_work(2.0), b, t, sp, cp, r)
+        bwd = _work_time(seg.backward + _scaled(scale, 2.0), b, t, sp, cp, r)
         rec = _work_time(seg.recompute[policy], b, t, sp, cp, r) if policy != "none" else 0.0
         comm = _collectives_time(system, seg.collectives, "forward", b / cp, t)
         comm += _collectives_time(system, seg.collectives, "backward", b / cp, t)
@@ -330,7 +330,7 @@ def price(
     if experts:
         stage_params = _expert_params(layers, chunk, t, experts, plan.ep, stage_params)
     grad_bytes = stage_params * plan.grad_bytes
-    dp_group = dp * (plan.ep if False else 1)
+    dp_group = dp
     stride = t * cp
     if plan.zero >= 1:
         sync = collective_time(system, "reduce_scatter", grad_bytes, dp_group, stride)
@@ -414,16 +414,15 @@ def _head_time(
     return total
 
 
-class _Scaled(Work):
-    def scaled_work(self, factor: float) -> Work:
-        return Work(self.flops.scaled(factor), self.bytes.scaled(factor), self.kernels * factor)
+def _scaled(work: Work, factor: float) -> Work:
+    return Work(work.flops.scaled(factor), work.bytes.scaled(factor), work.kernels * factor)
 
 
-def _moe_scale(seg: Segment, routed: int) -> _Scaled:
+def _moe_scale(seg: Segment, routed: int) -> Work:
     """The extra MLP work of routing each token to `routed` experts (none for dense)."""
     extra = routed - 1
     fwd_share = 1.0 / 3.0  # the MLP's forward is a third of its forward + backward work
-    return _Scaled(
+    return Work(
         seg.mlp.flops.scaled(extra * fwd_share),
         seg.mlp.bytes.scaled(extra * fwd_share),
         seg.mlp.kernels * extra * fwd_share,

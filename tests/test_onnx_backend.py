@@ -13,6 +13,7 @@ batch and sequence dims; external data; the checker; the refusals; the CLI.
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -26,7 +27,7 @@ from portable.cli import ExitCode, main
 from portable.opset import op_name
 from portable.passes import PassManager, parse_pipeline
 from portable.testing import assert_parity, compare
-from tests.support import EXAMPLES
+from tests.support import EXAMPLES, load_spec
 
 onnx = pytest.importorskip("onnx")
 pytest.importorskip("onnxruntime")
@@ -75,13 +76,20 @@ def _after(program, pipeline: str):
     return PassManager(parse_pipeline(pipeline)).run(program)[0]
 
 
+@functools.cache
+def _captured(stem: str) -> portable.Program:
+    """The inference capture of examples/<stem>.py, once per module: passes and backends copy
+    what they change, so the tests share it."""
+    return portable.capture_spec(load_spec(stem))
+
+
 # --------------------------------------------------------------------------- examples
 
 
 @pytest.mark.parametrize("stem", EXAMPLES)
 def test_example_inference(stem, example_spec):
     spec = example_spec(stem)
-    program = portable.capture_spec(spec)
+    program = _captured(stem)
     report = assert_parity(program, spec.inputs(), backends=["cpu", "onnx"], **TOL)
     compared = {r.quantity for r in report.rows if r.backend == "onnx"}
     assert compared == {f"output {o.name}" for o in program.signature.outputs}
@@ -90,7 +98,7 @@ def test_example_inference(stem, example_spec):
 @pytest.mark.parametrize("stem", EXAMPLES)
 def test_example_after_softmax_fusion_and_mx(stem, example_spec):
     spec = example_spec(stem)
-    program = _after(portable.capture_spec(spec), FUSED_MX_ALL)
+    program = _after(_captured(stem), FUSED_MX_ALL)
     ops = _ops(program)
     assert {"portable.mx_quantize.default", "portable.mx_dequantize.default"} <= ops
     onnx_ops = _check(program, spec.inputs())
@@ -112,14 +120,19 @@ def _hf_inputs(name):
     return ids, mask
 
 
+_HF_CAPTURED: dict[str, tuple] = {}
+
+
 @pytest.mark.hf
 @pytest.mark.parametrize("pipeline", ["", FUSED_MX])
 @pytest.mark.parametrize("name", HF)
 def test_hf_inference(name, pipeline, hf_model):
-    torch.manual_seed(0)
-    model = hf_model(name).eval()
-    inputs = _hf_inputs(name)
-    program = portable.capture(model, inputs)
+    if name not in _HF_CAPTURED:  # one capture per model, as captured and after the pipeline
+        torch.manual_seed(0)
+        model = hf_model(name).eval()
+        inputs = _hf_inputs(name)
+        _HF_CAPTURED[name] = portable.capture(model, inputs), inputs
+    program, inputs = _HF_CAPTURED[name]
     if pipeline:
         program = _after(program, pipeline)
         assert "portable.mx_quantize.default" in _ops(program)
@@ -266,8 +279,8 @@ def test_every_portable_op_has_a_rule_or_is_refused():
 # --------------------------------------------------------------------------- the model
 
 
-def test_files_checker_and_text(tmp_path, example_spec):
-    program = portable.capture_spec(example_spec("gpt"))
+def test_files_checker_and_text(tmp_path):
+    program = _captured("gpt")
     compiled = portable.lower(program, "onnx", tmp_path)
     assert sorted(p.name for p in compiled.files) == ["model.onnx", "model.onnx.txt"]
     onnx.checker.check_model(str(tmp_path / "model.onnx"), full_check=True)
@@ -281,12 +294,12 @@ def test_files_checker_and_text(tmp_path, example_spec):
     assert len(text) < 200_000  # weights are listed, not printed
 
 
-def test_checker_failure_is_refused(monkeypatch, example_spec):
+def test_checker_failure_is_refused(monkeypatch):
     def failing(*args, **kwargs):
         raise onnx.checker.ValidationError("Field 'type' of 'value_info' is required")
 
     monkeypatch.setattr(onnx.checker, "check_model", failing)
-    program = portable.capture_spec(example_spec("mlp"))
+    program = _captured("mlp")
     with pytest.raises(portable.BackendError, match="fails onnx.checker .full check.: Field"):
         get_backend("onnx").lower(program, Target("onnx"))
 
@@ -312,7 +325,7 @@ def test_external_data_above_the_threshold(monkeypatch, tmp_path, example_spec):
 
     monkeypatch.setattr(export, "EXTERNAL_DATA_THRESHOLD", 1024)  # GPT's weights: ~200 KB
     spec = example_spec("gpt")
-    program = portable.capture_spec(spec)
+    program = _captured("gpt")
     compiled = portable.lower(program, "onnx", tmp_path)
     assert sorted(p.name for p in compiled.files) == [
         "model.onnx",

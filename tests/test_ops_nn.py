@@ -8,6 +8,7 @@ agrees on `xla` and `onnx` under check_parity's policy, and trains: the training
 from __future__ import annotations
 
 import copy
+import functools
 
 import pytest
 import torch
@@ -152,6 +153,14 @@ def _build(name):
     return factory().eval(), inputs()
 
 
+@functools.cache
+def _captured(name):
+    """(model, inputs, inference capture) of MODELS[name], once per module for the tests that
+    only read them."""
+    model, inputs = _build(name)
+    return model, inputs, portable.capture(model, inputs)
+
+
 def _ops(program) -> set[str]:
     return {
         portable.opset.op_name(n.target) for n in program.graph.nodes if n.op == "call_function"
@@ -160,8 +169,7 @@ def _ops(program) -> set[str]:
 
 @pytest.mark.parametrize("name", list(MODELS))
 def test_captured_whole_and_bit_for_bit_on_cpu(name):
-    model, inputs = _build(name)
-    program = portable.capture(model, inputs)
+    model, inputs, program = _captured(name)
     assert KEPT.get(name, set()) <= _ops(program)
     got = portable.compile(program, backend="cpu")(*inputs)
     want = model(*inputs)
@@ -172,8 +180,8 @@ def test_captured_whole_and_bit_for_bit_on_cpu(name):
 @pytest.mark.parametrize("name", list(MODELS))
 def test_inference_agrees_on_backends(name, backend):
     pytest.importorskip("jax" if backend == "xla" else "onnxruntime")
-    model, inputs = _build(name)
-    report = check_parity(model, inputs, backends=[backend])
+    model, inputs, program = _captured(name)  # the eager row compares the model too
+    report = check_parity(program, inputs, backends=[backend], eager_model=model)
     assert report.ok, report.format()
 
 

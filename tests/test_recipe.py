@@ -71,17 +71,24 @@ def _warmup_cosine(opt: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LRSch
     return torch.optim.lr_scheduler.SequentialLR(opt, [warmup, cosine], milestones=[3])
 
 
-def _both(
-    model, batch, loss_fn, *, backend="cpu", compute=torch.float32, schedule=True, make=_adamw, **kw
-):
+def _both(model, batch, loss_fn, *, backend="cpu", **kw):
     """(program run, eager run) of the same recipe: AdamW (+ warmup-cosine) and `kw`."""
+    got, want = _runs(model, batch, loss_fn, backends=(backend,), **kw)
+    return got[backend], want
+
+
+def _runs(
+    model, batch, loss_fn, *, backends, compute=torch.float32, schedule=True, make=_adamw, **kw
+):
+    """({backend: program run}, eager run): one capture of the recipe of `_both` run on each of
+    `backends`, and its eager loop once."""
     opt = make(model)
     sched = _warmup_cosine(opt) if schedule else None
     precision = portable.Precision(compute=str(compute).removeprefix("torch."))
     program = portable.capture(
         model, batch, loss_fn=loss_fn, optimizer=opt, schedule=sched, precision=precision, **kw
     )
-    got = run_program(portable.compile(program, backend=backend), batch, STEPS)
+    got = {b: run_program(portable.compile(program, backend=b), batch, STEPS) for b in backends}
     want = run_eager(
         model,
         batch,
@@ -199,10 +206,10 @@ def test_the_examples_train_with_every_feature_on_cpu_and_xla(stem, example_spec
     torch.manual_seed(0)
     model = spec.build()
     batch = tuple(torch.cat([b] * 2) for b in spec.batch())
-    for backend in ("cpu", "xla"):
-        got, want = _both(
-            model, batch, spec.loss_fn, backend=backend, clip_grad_norm=1.0, accumulate=2
-        )
+    runs, want = _runs(
+        model, batch, spec.loss_fn, backends=("cpu", "xla"), clip_grad_norm=1.0, accumulate=2
+    )
+    for backend, got in runs.items():
         assert _loss_rtol(got, want) <= 1e-6, backend
         assert got.lrs == pytest.approx(want.lrs, rel=1e-12, abs=0)
     got, want = _both(

@@ -17,6 +17,7 @@ from tests.test_recipe import (
     _hf,
     _identical,
     _loss_rtol,
+    _runs,
 )
 
 
@@ -26,10 +27,9 @@ def test_hugging_face_models_match_the_eager_recipe(name, hf_model):
     layer_norm run as portable's kernels); xla within 1e-6; bfloat16 within BF16_LOSS_RTOL."""
     model, batch, loss_fn = _hf(hf_model, name)
     kw = {"make": _adamw_hf, "clip_grad_norm": 1.0}
-    got, want = _both(model, batch, loss_fn, accumulate=2, **kw)
-    assert _identical(got, want) if name == "llama" else _loss_rtol(got, want) <= 1e-6
-    got, want = _both(model, batch, loss_fn, backend="xla", accumulate=2, **kw)
-    assert _loss_rtol(got, want) <= 1e-6
+    got, want = _runs(model, batch, loss_fn, backends=("cpu", "xla"), accumulate=2, **kw)
+    assert _identical(got["cpu"], want) if name == "llama" else _loss_rtol(got["cpu"], want) <= 1e-6
+    assert _loss_rtol(got["xla"], want) <= 1e-6
     got, want = _both(model, batch, loss_fn, compute=torch.bfloat16, **kw)
     assert _loss_rtol(got, want) <= BF16_LOSS_RTOL
 

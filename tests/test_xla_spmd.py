@@ -149,7 +149,16 @@ def test_not_enough_devices_and_bad_metadata_are_explained():
 
 # --------------------------------------------------------------------------- examples, real pass
 
-_REFERENCE: dict = {}
+_SINGLE_DEVICE: dict = {}
+
+
+def _single_device(example_spec, stem: str):
+    """(training step, its global flat inputs, its single-device cpu run), once per example:
+    the capture is seeded, so every plan partitions the same program (copied by `replace`)."""
+    if stem not in _SINGLE_DEVICE:
+        program, flat = training_program(example_spec(stem))
+        _SINGLE_DEVICE[stem] = program, flat, reference(program, flat)
+    return _SINGLE_DEVICE[stem]
 
 
 @pytest.mark.parametrize("plan", PLAN_NAMES)
@@ -157,22 +166,18 @@ _REFERENCE: dict = {}
 def test_example_training_matches_single_device(stem, plan, example_spec):
     """The examples' own training step (AdamW), partitioned by the plans of tests/spmd_cases.py
     (head-parallel attention for Llama), five steps on 2 or 4 XLA host devices."""
-    program, flat = training_program(example_spec(stem))
-    if stem not in _REFERENCE:  # the single-device cpu run, once per example
-        _REFERENCE[stem] = reference(program, flat)
+    program, flat, want = _single_device(example_spec, stem)
     per_rank, _ = partition(program.replace(plan=plan_for(stem, plan)))
     assert per_rank.is_per_rank
     result = run_spmd(per_rank, flat, steps=STEPS)
     outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
-    assert_matches(stem, _REFERENCE[stem], result.losses, outputs)
+    assert_matches(stem, want, result.losses, outputs)
 
 
 @pytest.mark.parametrize(("stem", "plan"), [("llama", "dp_tp_vocab"), ("llama", "dp_tp_sp")])
 def test_vocab_and_sequence_parallel_match_single_device(stem, plan, example_spec):
-    program, flat = training_program(example_spec(stem))
-    if stem not in _REFERENCE:
-        _REFERENCE[stem] = reference(program, flat)
+    program, flat, want = _single_device(example_spec, stem)
     per_rank, report = partition(program.replace(plan=plan_for(stem, plan)))
     result = run_spmd(per_rank, flat, steps=STEPS)
     outputs = {o.name: v for o, v in zip(per_rank.signature.outputs, result.outputs, strict=True)}
-    assert_matches(stem, _REFERENCE[stem], result.losses, outputs)
+    assert_matches(stem, want, result.losses, outputs)

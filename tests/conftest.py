@@ -16,8 +16,18 @@ if "xla_force_host_platform_device_count" not in os.environ.get("XLA_FLAGS", "")
     ).strip()
 
 import pytest
+import torch
 
 from tests.support import load_spec
+
+# Under pytest-xdist every worker shares the cores with the others (CI: 2 workers on 2 cores).
+# torch's intra-op pool defaults to one thread per core, so each worker's pool would compete with
+# the other workers and spin on cores they hold: give each worker its share of the cores. Only
+# this process's torch threads change; job ranks and other subprocesses keep their own settings.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _CORES = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    torch.set_num_threads(max(1, (_CORES or 1) // _WORKERS))
 
 
 @pytest.fixture

@@ -53,6 +53,9 @@ def _ptdp(
         sequence_parallel=[False],
         schedules=["interleaved"] if pp > 1 else ["1f1b"],
         overlap_grad_reduce=False,
+        # Megatron-LM of 2021 waited for every tensor-parallel all-reduce (the asynchronous
+        # one came later in 2021)
+        overlap_tp_comm=False,
     )
     model = planner.Transformer(layers=layers, hidden=hidden, heads=heads, name=key, **_GPT)
     return Row(key, "Narayanan et al. 2021, Table 1", model, "a100-80gb", gpus, gb, s, space)
@@ -124,6 +127,8 @@ _LLAMA31_8B = planner.Transformer(
     tied_embeddings=False,
     name="Llama-3.1-8B",
 )
+# NxD Training runs these models at micro-batch 1 (its Llama and GPT configs'
+# `micro_batch_size: 1`), accumulating the rest of the global batch
 _GPT3_175B = planner.Transformer(layers=96, hidden=12288, heads=96, name="GPT-3 175B", **_GPT)
 
 ROWS: list[Row] = [
@@ -142,7 +147,7 @@ ROWS: list[Row] = [
         512,
         1024,
         1024 / 47.95,
-        dict(tp=[32], pp=[1], cp=[1], zero=[1]),
+        dict(tp=[32], pp=[1], cp=[1], zero=[1], micro_batches=[1]),
         cores=2,
     ),
     Row(
@@ -153,7 +158,7 @@ ROWS: list[Row] = [
         512,
         1024,
         1024 / 13.3,
-        dict(tp=[32], pp=[8], cp=[1], zero=[0, 1]),
+        dict(tp=[32], pp=[8], cp=[1], zero=[0, 1], micro_batches=[1]),
         cores=2,
     ),
 ]

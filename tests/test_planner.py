@@ -8,7 +8,8 @@ import pytest
 
 from portable import planner
 from portable.errors import PlannerError
-from portable.planner.costs import Coeffs
+from portable.planner.costs import Coeffs, Gemm
+from portable.planner.estimate import _rates, _waves
 
 S, H, HEADS, V = 32, 64, 4, 128
 
@@ -140,3 +141,41 @@ def test_experts_add_routed_work_and_split_over_ep(costs: planner.Costs) -> None
     assert one.breakdown.compute > dense.breakdown.compute  # two experts per token
     assert split.memory.parameters < one.memory.parameters  # experts spread over ep
     assert split.breakdown.ep_comm > 0 and one.breakdown.ep_comm == 0
+
+
+def test_wave_quantization_of_a_matmul() -> None:
+    """A product whose output tiles fill whole waves of the A100's 108 SMs runs at the rate;
+    one tile more opens a second wave that is nearly empty (NVIDIA's wave quantization)."""
+    rates = _rates(planner.system("a100-80gb", devices=1), "bfloat16")
+
+    def product(rows: float, cols: float) -> Gemm:
+        return Gemm(Coeffs(), Coeffs(), Coeffs(rep=1.0), Coeffs(rep=rows), Coeffs(rep=cols))
+
+    assert _waves(product(256 * 12, 128 * 9), 1, 1, rates) == pytest.approx(1.0)
+    assert _waves(product(256 * 12 + 1, 128 * 9), 1, 1, rates) < 0.6
+    # a small output: one wave, mostly idle; a tile that is not full loses its padding
+    assert _waves(product(256, 128), 1, 1, rates) == pytest.approx(1 / 108)
+    assert _waves(product(256 * 108, 64), 1, 1, rates) == pytest.approx(0.5)
+    # fused attention has no tile grid
+    assert _waves(Gemm(Coeffs(), Coeffs()), 1, 1, rates) == 1.0
+
+
+def test_counted_matmuls_carry_their_output_tiles(costs: planner.Costs) -> None:
+    forward = costs.layers[0].forward.gemms
+    assert forward and all(g.rows.at(2, 1) > 0 and g.cols.at(2, 1) > 0 for g in forward)
+    # the first projection (QKV, column-parallel): tokens x 3h, its columns split by TP
+    qkv = forward[0]
+    assert qkv.batch.at(2, 1) * qkv.rows.at(2, 1) == 2 * S
+    assert qkv.cols.at(2, 1) == 3 * H and qkv.cols.at(2, 2) == 3 * H / 2
+
+
+def test_overlapped_tensor_parallel_backward(model: planner.Transformer) -> None:
+    """Megatron's asynchronous TP all-reduce: the backward's column-parallel collectives hide
+    behind the weight-gradient matmuls; compute is the same either way."""
+    system = planner.system("a100-80gb", devices=8)
+    base = planner.Parallelism(tp=8, global_batch=8, micro_batch=8, recompute="none")
+    on = planner.estimate(model, system, base)
+    off = planner.estimate(model, system, dataclasses.replace(base, overlap_tp_comm=False))
+    assert on.breakdown.compute == pytest.approx(off.breakdown.compute)
+    assert 0 < on.breakdown.tp_comm < off.breakdown.tp_comm
+    assert on.step_time_s < off.step_time_s

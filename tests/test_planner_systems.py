@@ -228,8 +228,20 @@ def test_malformed_data_is_refused_with_the_entry_named():
     del data["systems"]["h100"]["efficiency"]["link"]["network"]
     with pytest.raises(PlannerError, match="link factors for"):
         _parse(data)
+    for bad in ([256], [256, 0], "256x128"):
+        data = _data()
+        data["chips"]["a100"]["gemm_tile"] = bad
+        with pytest.raises(PlannerError, match=r"chips\.a100\.gemm_tile"):
+            _parse(data)
     good = _parse(_data())
     assert good.systems["h100"] == system("h100")
+
+
+def test_wave_quantization_data():
+    a100 = system("a100-80gb")
+    assert (a100.gemm_units, a100.gemm_tile) == (108, (256, 128))
+    # Trainium: one systolic array, tile padding only
+    assert (system("trn1").gemm_units, system("trn1").gemm_tile) == (1, (128, 128))
 
 
 # --- one source of truth: portable.jobs.peaks reads the same chips ---------------------------

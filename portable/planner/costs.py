@@ -59,14 +59,15 @@ from ..opset import ops_with
 from ..opset.table import COLLECTIVE, MATMUL, VIEW
 from ..passes.remat import DEFAULT_LAYERS, step_parts
 
-__all__ = ["POLICIES", "Coeffs", "Collective", "Costs", "Segment", "Work", "count"]
+__all__ = ["POLICIES", "Coeffs", "Collective", "Costs", "Gemm", "Segment", "Work", "count"]
 
 POLICIES = ("none", "selective", "full")
 EMBED, HEAD, OPTIMIZER = "embed", "head", "optimizer"
 _KERNEL_BYTES = 4096  # a fused group moving less is scalar bookkeeping, not a kernel launch
 
 _portable = torch.ops.portable
-_MATMULS = ops_with(MATMUL) | {
+_PLAIN_MATMULS = ops_with(MATMUL)
+_MATMULS = _PLAIN_MATMULS | {
     _portable.attention.default,
     _portable.attention_backward.default,
     _portable.attention_backward.mask_grad,
@@ -140,15 +141,28 @@ class Collective:
 
 
 @dataclasses.dataclass(frozen=True)
+class Gemm:
+    """One matrix product: FLOPs, operand + result bytes, and its output as `batch` products
+    of `rows x cols` (zeros for fused attention and convolutions, which have no tile model)."""
+
+    flops: Coeffs
+    bytes: Coeffs
+    batch: Coeffs = ZERO
+    rows: Coeffs = ZERO
+    cols: Coeffs = ZERO
+
+
+@dataclasses.dataclass(frozen=True)
 class Work:
     """One phase of a segment: matmul FLOPs, memory-bound bytes, kernel count, and each
-    matmul's (FLOPs, operand + result bytes), for its own roofline (`gemms`, in program
-    order; empty when the four programs' matmuls do not pair up)."""
+    matmul's `Gemm` (FLOPs, operand + result bytes, output shape), for its own roofline and
+    wave quantization (`gemms`, in program order; empty when the four programs' matmuls do not
+    pair up)."""
 
     flops: Coeffs = ZERO
     bytes: Coeffs = ZERO
     kernels: float = 0.0
-    gemms: tuple[tuple[Coeffs, Coeffs], ...] = ()
+    gemms: tuple[Gemm, ...] = ()
 
     def __add__(self, other: Work) -> Work:
         return Work(
@@ -248,7 +262,8 @@ class _Sums:
     param_bytes: dict[str, float]
     optimizer: list[float]  # [bytes, kernels]
     order: list[str]
-    gemms: dict[Any, list[tuple[float, float]]] = dataclasses.field(default_factory=dict)
+    # (segment, phase or policy) -> per matmul (flops, bytes, batch, rows, cols)
+    gemms: dict[Any, list[tuple[float, ...]]] = dataclasses.field(default_factory=dict)
 
 
 def _nbytes(node: object) -> float:
@@ -383,14 +398,14 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         real = sum(1 for m in members if m.target not in _FREE)
         # scalar bookkeeping (seeds, counters, loss scalars) is folded, not a kernel
         kernel_cost[root] = (0.0, moved, 1.0 if real and moved >= _KERNEL_BYTES else 0.0)
-    gemms: dict[Any, list[tuple[float, float]]] = {}
+    gemms: dict[Any, list[tuple[float, ...]]] = {}
     for node in calls:
         if node.target in _MATMULS:
             # its operand traffic is its own roofline's (Work.gemms), not memory-bound bytes
             f = float(flops.get(node, 0))
             kernel_cost[node] = (f, 0.0, 1.0)
             moved = _nbytes(node) + sum(_nbytes(a) for a in node.all_input_nodes)
-            gemms.setdefault((segment[node], phase[node]), []).append((f, moved))
+            gemms.setdefault((segment[node], phase[node]), []).append((f, moved, *_tiles(node)))
 
     for anchor, (f, b, k) in kernel_cost.items():
         seg, ph = segment[anchor], phase[anchor]
@@ -419,9 +434,9 @@ def _sums(program: Program, seq: int, layers: str) -> _Sums:
         add_to[2] += k
         if anchor.target in _MATMULS:
             moved = _nbytes(anchor) + sum(_nbytes(a) for a in anchor.all_input_nodes)
-            gemms.setdefault((seg, "full"), []).append((f, moved))
+            gemms.setdefault((seg, "full"), []).append((f, moved, *_tiles(anchor)))
             if anchor in core:
-                gemms.setdefault((seg, "selective"), []).append((f, moved))
+                gemms.setdefault((seg, "selective"), []).append((f, moved, *_tiles(anchor)))
         if any(m in core for m in members):
             row = recompute.setdefault((seg, "selective"), [0.0, 0.0, 0.0])
             row[0] += f
@@ -630,18 +645,29 @@ def _fit_segment(name: str, sums: Sequence[_Sums], batches: tuple[int, int]) -> 
 
 
 def _fit_gemms(
-    rows: Sequence[list[tuple[float, float]]], batches: tuple[int, int]
-) -> tuple[tuple[Coeffs, Coeffs], ...]:
-    """Each matmul's (FLOPs, bytes) coefficients, paired by program order; none when the four
-    programs do not have the same matmuls (the estimate then uses the FLOPs alone)."""
+    rows: Sequence[list[tuple[float, ...]]], batches: tuple[int, int]
+) -> tuple[Gemm, ...]:
+    """Each matmul's coefficients, paired by program order; none when the four programs do
+    not have the same matmuls (the estimate then uses the FLOPs alone)."""
     if len({len(r) for r in rows}) != 1:
         return ()
     out = []
     for a, b, c, d in zip(*rows, strict=True):
-        flops = Coeffs.fit(a[0], b[0], c[0], d[0], batches)
-        moved = Coeffs.fit(a[1], b[1], c[1], d[1], batches)
-        out.append((flops, moved))
+        fitted = [Coeffs.fit(a[i], b[i], c[i], d[i], batches) for i in range(5)]
+        out.append(Gemm(*fitted))
     return tuple(out)
+
+
+def _tiles(node: Node) -> tuple[float, float, float]:
+    """A matmul's output as (batch, rows, cols): `[..., rows, cols]`; zeros for the fused
+    attention ops and convolutions (several outputs, no single tile grid)."""
+    spec = node.meta.get("tensor")
+    if node.target not in _PLAIN_MATMULS or not isinstance(spec, TensorSpec):
+        return 0.0, 0.0, 0.0
+    shape = [int(d) for d in spec.shape]
+    if len(shape) < 2:
+        return 0.0, 0.0, 0.0
+    return float(math.prod(shape[:-2])), float(shape[-2]), float(shape[-1])
 
 
 def _saved(s: _Sums, key: tuple[str, str]) -> float:
@@ -665,7 +691,8 @@ def _double(s: _Sums) -> _Sums:
         s.param_bytes,
         s.optimizer,
         s.order,
-        {k: [(f * 2, b * 2) for f, b in v] for k, v in s.gemms.items()},
+        # the product's rows hold the batch (the tokens of a linear's output)
+        {k: [(g[0] * 2, g[1] * 2, g[2], g[3] * 2, g[4]) for g in v] for k, v in s.gemms.items()},
     )
 
 

@@ -3,7 +3,11 @@
 Per micro-batch and rank, each layer's forward and backward are priced from its counted costs
 (costs.py) at micro-batch `b` and tensor-parallel degree `t`:
 
-    kernel time   = matmul FLOPs / (peak[precision] * eff.matmul)
+    kernel time   = per matmul: max(FLOPs / (peak[precision] * eff.matmul * waves),
+                                    its operand + result bytes / (HBM bandwidth * eff.memory))
+                    waves = tiles / (ceil(tiles / units) * units * tile area / output area):
+                    its output's tiles of the chip's `gemm_tile` in waves of `gemm_units`
+                    (wave and tile quantization; 1 for a matmul that fills its last wave)
                   + memory-bound bytes / (HBM bandwidth * eff.memory)
                   + kernels * eff.kernel_overhead_s
     collective    = steps * latency + wire bytes / (link bandwidth * eff.link[level])
@@ -37,15 +41,19 @@ layer's full activations while it is recomputed.
 from __future__ import annotations
 
 import dataclasses
+import math
 
 from ..errors import PlannerError
-from .costs import Coeffs, Collective, Costs, Segment, Work
+from .costs import Coeffs, Collective, Costs, Gemm, Segment, Work
 from .parallelism import Parallelism
 from .systems import System
 
 __all__ = ["Breakdown", "Estimate", "Memory", "price"]
 
 _WEIGHT_BYTES, _GRAD_BYTES, _OPTIMIZER_BYTES = 2, 2, 12
+# the column-parallel linears' weight-gradient matmuls in a block's backward matmul time:
+# QKV (3h^2) and FC1 (4h^2) of 12h^2 parameters, half of each one's backward (7/24 ~ 1/4)
+_COLUMN_WGRAD_SHARE = 0.25
 _OPTIMIZER_TRAFFIC = 30  # bytes of HBM traffic per parameter element in the update
 
 
@@ -158,6 +166,8 @@ class _Rates:
     flop: float  # seconds per matmul FLOP
     byte: float  # seconds per HBM byte
     kernel: float
+    units: int  # matmul output tiles per wave
+    tile: tuple[int, int]
 
 
 def _rates(system: System, precision: str) -> _Rates:
@@ -166,6 +176,8 @@ def _rates(system: System, precision: str) -> _Rates:
         1.0 / (system.peak(precision) * eff.matmul),
         1.0 / (system.hbm_bandwidth * eff.memory),
         eff.kernel_overhead_s,
+        system.gemm_units,
+        system.gemm_tile,
     )
 
 
@@ -173,11 +185,38 @@ def _work_time(work: Work, b: float, t: int, sp: bool, cp: int, r: _Rates) -> fl
     flops = _at(work.flops, b, t, sp) / cp
     moved = _at(work.bytes, b, t, sp) / cp
     matmul = 0.0
-    for g_flops, g_bytes in work.gemms:  # each matmul's roofline
-        f = g_flops.at(b, t) / cp
-        matmul += max(f * r.flop, g_bytes.at(b, t) / cp * r.byte)
+    for g in work.gemms:  # each matmul's roofline
+        f = _at(g.flops, b, t, sp) / cp
+        matmul += max(f * r.flop / _waves(g, b / cp, t, r), _at(g.bytes, b, t, sp) / cp * r.byte)
         flops -= f
     return matmul + max(flops, 0.0) * r.flop + moved * r.byte + work.kernels * r.kernel
+
+
+def _gemm_time(work: Work, b: float, t: int, sp: bool, cp: int, r: _Rates) -> float:
+    """The matmuls' share of `_work_time` (their rooflines)."""
+    return sum(
+        max(
+            _at(g.flops, b, t, sp) / cp * r.flop / _waves(g, b / cp, t, r),
+            _at(g.bytes, b, t, sp) / cp * r.byte,
+        )
+        for g in work.gemms
+    )
+
+
+def _waves(g: Gemm, b: float, t: int, r: _Rates) -> float:
+    """The fraction of the chip's matmul units a product keeps busy (module docstring): its
+    output's tiles over the tiles its waves could have computed, in the better of the tile's
+    two orientations. 1 for products without a tile grid (fused attention)."""
+    rows, cols = g.rows.at(b, t), g.cols.at(b, t)
+    if rows <= 0 or cols <= 0:
+        return 1.0
+    batch = max(g.batch.at(b, t), 1.0)
+    best = 0.0
+    for tr, tc in (r.tile, r.tile[::-1]):
+        tiles = batch * math.ceil(rows / tr - 1e-9) * math.ceil(cols / tc - 1e-9)
+        waves = math.ceil(tiles / r.units - 1e-9)
+        best = max(best, batch * rows * cols / (waves * r.units * tr * tc))
+    return min(best, 1.0)
 
 
 def _at(q: Coeffs, b: float, t: int, sp: bool) -> float:
@@ -267,7 +306,15 @@ def price(
         bwd = _work_time(seg.backward + _scaled(scale, 2.0), b, t, sp, cp, r)
         rec = _work_time(seg.recompute[policy], b, t, sp, cp, r) if policy != "none" else 0.0
         comm = _collectives_time(system, seg.collectives, "forward", b / cp, t)
-        comm += _collectives_time(system, seg.collectives, "backward", b / cp, t)
+        backward = _collectives_time(system, seg.collectives, "backward", b / cp, t)
+        if plan.overlap_tp_comm:
+            # the column-parallel input gradients' collectives run beside the backward
+            # matmuls; under sequence parallelism the row-parallel output gradients'
+            # all-gathers (half the wire bytes) still wait
+            waits = backward / 2 if sp else 0.0
+            beside = _gemm_time(seg.backward, b, t, sp, cp, r) * _COLUMN_WGRAD_SHARE
+            backward = waits + max(0.0, backward - waits - beside)
+        comm += backward
         if policy == "full":
             comm += _collectives_time(system, seg.collectives, "forward", b / cp, t)
         cp_comm = 0.0
@@ -287,7 +334,7 @@ def price(
     embed = [s for s in costs.segments if s.name == "embed"]
     head = [s for s in costs.segments if s.name == "head"]
     outer = {
-        "embed": sum(_segment_time(s, b, t, sp, cp, r, system) for s in embed),
+        "embed": sum(_embed_time(s, b, t, sp, cp, r, system) for s in embed),
         "head": sum(_head_time(s, b, costs.seq, t, cp, r, system) for s in head),
     }
     embed_params = sum(s.params.at(1, t) for s in embed)
@@ -388,10 +435,13 @@ def price(
     )
 
 
-def _segment_time(
+def _embed_time(
     seg: Segment, b: float, t: int, sp: bool, cp: int, r: _Rates, system: System
 ) -> float:
-    total = _work_time(seg.forward, b, t, sp, cp, r) + _work_time(seg.backward, b, t, sp, cp, r)
+    """The embedding as Megatron's vocabulary-parallel one: each rank looks up and writes the
+    gradient of its 1/t of the table (the partitioner's program gathers a full-table gradient
+    instead; that is not priced)."""
+    total = _work_time(seg.forward, b, t, sp, cp, r) + _work_time(seg.backward, b, t, True, cp, r)
     for phase in ("forward", "backward"):
         total += _collectives_time(system, seg.collectives, phase, b / cp, t)
     return total

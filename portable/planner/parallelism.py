@@ -8,6 +8,14 @@ distributed optimizer state, 2: and gradients, 3: and parameters, FSDP), `sequen
 (Korthikanti et al.), `recompute` (`none`, `selective`: the core attention, `full`: the
 whole layer), the micro-batch (`None`: the planner picks) and the number format of the
 matrix products (`precision`, a key of the system's per-format peaks).
+
+Overlap switches: `overlap_grad_reduce` reduces gradients over data parallel while the last
+micro-batch's backward runs (Megatron's `--overlap-grad-reduce`, FSDP's prefetch);
+`overlap_tp_comm` runs each column-parallel linear's backward collective (the input gradient's
+all-reduce; under sequence parallelism its reduce-scatter and the input's re-gather) beside that
+linear's own weight-gradient and input-gradient matmuls (Megatron-LM's asynchronous
+tensor-parallel all-reduce, on by default since 2022; torchtitan's async TP). Off reproduces an
+engine that waits for every collective.
 """
 
 from __future__ import annotations
@@ -40,6 +48,7 @@ class Parallelism:
     recompute: str = "none"
     precision: str = "bfloat16"
     overlap_grad_reduce: bool = True
+    overlap_tp_comm: bool = True
     grad_bytes: int = 2  # bytes per gradient element reduced over data parallel
 
     def __post_init__(self) -> None:

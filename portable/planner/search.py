@@ -118,6 +118,7 @@ def candidates(
     sequence_parallel: Sequence[bool] = (False, True),
     schedules: Sequence[str] = ("1f1b", "interleaved"),
     overlap_grad_reduce: bool = True,
+    overlap_tp_comm: bool = True,
     grad_bytes: int = 2,
 ) -> Iterable[Parallelism]:
     """Every configuration whose degrees fit `devices`, the layer count and the batch: TP a
@@ -169,6 +170,7 @@ def candidates(
                     sequence_parallel=sp,
                     recompute=rc,
                     overlap_grad_reduce=overlap_grad_reduce,
+                    overlap_tp_comm=overlap_tp_comm,
                     grad_bytes=grad_bytes,
                 )
 

@@ -80,6 +80,8 @@ class Chip:
     hbm_bytes: int
     hbm_bandwidth: float  # bytes/s
     source: str
+    gemm_units: int = 1  # matmul output tiles per wave (systems.toml)
+    gemm_tile: tuple[int, int] = (128, 128)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -125,6 +127,8 @@ class System:
     efficiency: Efficiency
     price_per_device_hour: float | None
     notes: tuple[str, ...]
+    gemm_units: int = 1  # the chip's (systems.toml)
+    gemm_tile: tuple[int, int] = (128, 128)
 
     def __hash__(self) -> int:  # the mappings are not hashable; equal systems share these
         return hash((self.name, self.chip, self.devices))
@@ -285,7 +289,21 @@ def _chip(name: str, t: Mapping[str, Any]) -> Chip:
         hbm_bytes=round(_quantity(_get(t, "hbm", str, where), _SIZES, f"{where}.hbm")),
         hbm_bandwidth=_quantity(_get(t, "hbm_bandwidth", str, where), _RATES, where),
         source=_get(t, "source", str, where),
+        gemm_units=_count(t.get("gemm_units", 1), f"{where}.gemm_units"),
+        gemm_tile=_tile(t.get("gemm_tile", [128, 128]), f"{where}.gemm_tile"),
     )
+
+
+def _count(value: object, where: str) -> int:
+    if not _is_int(value) or value < 1:
+        raise _bad(where, f"{value!r} is not a positive integer")
+    return value
+
+
+def _tile(value: object, where: str) -> tuple[int, int]:
+    if not isinstance(value, list) or len(value) != 2:
+        raise _bad(where, f"{value!r} is not [rows, cols]")
+    return _count(value[0], where), _count(value[1], where)
 
 
 def _system(name: str, t: Mapping[str, Any], chips_: Mapping[str, Chip]) -> System:
@@ -310,6 +328,8 @@ def _system(name: str, t: Mapping[str, Any], chips_: Mapping[str, Chip]) -> Syst
         efficiency=_efficiency(f"{where}.efficiency", _get(t, "efficiency", dict, where), links),
         price_per_device_hour=None if price is None else _positive(price, f"{where}.price"),
         notes=tuple(_get(t, "notes", list, where)),
+        gemm_units=chip.gemm_units,
+        gemm_tile=chip.gemm_tile,
     )
 
 

@@ -205,6 +205,7 @@ _FOREIGN_FLAGS = {
     "--sweep",
     "--dtypes",  # tests/support/opinfo.py (the OpInfo sweep)
     "--recompute-granularity",  # Megatron-LM's flag, named in docs/planner.md
+    "--async-tensor-model-parallel-allreduce",  # Megatron-LM's flag, named in docs/planner.md
     "--fit",  # benchmarks/planner_validation.py
     "--rows",
     "--layers",  # benchmarks/planner_speed.py

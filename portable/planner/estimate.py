@@ -5,9 +5,9 @@ Per micro-batch and rank, each layer's forward and backward are priced from its 
 
     kernel time   = per matmul: max(FLOPs / (peak[precision] * eff.matmul * waves),
                                     its operand + result bytes / (HBM bandwidth * eff.memory))
-                    waves = tiles / (ceil(tiles / units) * units * tile area / output area):
-                    its output's tiles of the chip's `gemm_tile` in waves of `gemm_units`
-                    (wave and tile quantization; 1 for a matmul that fills its last wave)
+                    waves = output elements / (ceil(tiles / units) * units * tile elements):
+                    the output cut in the chip's `gemm_tile`s, computed `gemm_units` at a
+                    time (wave and tile quantization; 1 when the last wave is full)
                   + memory-bound bytes / (HBM bandwidth * eff.memory)
                   + kernels * eff.kernel_overhead_s
     collective    = steps * latency + wire bytes / (link bandwidth * eff.link[level])
@@ -184,23 +184,18 @@ def _rates(system: System, precision: str) -> _Rates:
 def _work_time(work: Work, b: float, t: int, sp: bool, cp: int, r: _Rates) -> float:
     flops = _at(work.flops, b, t, sp) / cp
     moved = _at(work.bytes, b, t, sp) / cp
-    matmul = 0.0
-    for g in work.gemms:  # each matmul's roofline
-        f = _at(g.flops, b, t, sp) / cp
-        matmul += max(f * r.flop / _waves(g, b / cp, t, r), _at(g.bytes, b, t, sp) / cp * r.byte)
-        flops -= f
+    matmul = _gemm_time(work, b, t, sp, cp, r)
+    flops -= sum(_at(g.flops, b, t, sp) for g in work.gemms) / cp
     return matmul + max(flops, 0.0) * r.flop + moved * r.byte + work.kernels * r.kernel
 
 
 def _gemm_time(work: Work, b: float, t: int, sp: bool, cp: int, r: _Rates) -> float:
-    """The matmuls' share of `_work_time` (their rooflines)."""
-    return sum(
-        max(
-            _at(g.flops, b, t, sp) / cp * r.flop / _waves(g, b / cp, t, r),
-            _at(g.bytes, b, t, sp) / cp * r.byte,
-        )
-        for g in work.gemms
-    )
+    """Seconds of the matmuls of `work`, each on its own roofline at its wave efficiency."""
+    total = 0.0
+    for g in work.gemms:
+        compute = _at(g.flops, b, t, sp) / cp * r.flop / _waves(g, b / cp, t, r)
+        total += max(compute, _at(g.bytes, b, t, sp) / cp * r.byte)
+    return total
 
 
 def _waves(g: Gemm, b: float, t: int, r: _Rates) -> float:

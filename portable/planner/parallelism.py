@@ -12,10 +12,10 @@ matrix products (`precision`, a key of the system's per-format peaks).
 Overlap switches: `overlap_grad_reduce` reduces gradients over data parallel while the last
 micro-batch's backward runs (Megatron's `--overlap-grad-reduce`, FSDP's prefetch);
 `overlap_tp_comm` runs each column-parallel linear's backward collective (the input gradient's
-all-reduce; under sequence parallelism its reduce-scatter and the input's re-gather) beside that
-linear's own weight-gradient and input-gradient matmuls (Megatron-LM's asynchronous
-tensor-parallel all-reduce, on by default since 2022; torchtitan's async TP). Off reproduces an
-engine that waits for every collective.
+all-reduce; under sequence parallelism its reduce-scatter) beside that linear's own
+weight-gradient matmul (Megatron-LM's asynchronous tensor-parallel all-reduce, on by default
+since late 2021; torchtitan's async TP). Off reproduces an engine that waits for every
+collective.
 """
 
 from __future__ import annotations

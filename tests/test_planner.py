@@ -8,7 +8,7 @@ import pytest
 
 from portable import planner
 from portable.errors import PlannerError
-from portable.planner.costs import Coeffs, Gemm
+from portable.planner.counted import Coeffs, Gemm
 from portable.planner.estimate import _rates, _waves
 
 S, H, HEADS, V = 32, 64, 4, 128

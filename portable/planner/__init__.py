@@ -12,7 +12,7 @@
 docs/planner.md has the model, its formulas and sources, and the validation.
 """
 
-from .costs import Costs
+from .counted import Costs
 from .estimate import Breakdown, Estimate, Memory
 from .models import costs_of, hf_transformer
 from .parallelism import Parallelism

@@ -44,7 +44,7 @@ import dataclasses
 import math
 
 from ..errors import PlannerError
-from .costs import Coeffs, Collective, Costs, Gemm, Segment, Work
+from .counted import Coeffs, Collective, Costs, Gemm, Segment, Work
 from .parallelism import Parallelism
 from .systems import System
 

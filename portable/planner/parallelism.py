@@ -23,7 +23,7 @@ from __future__ import annotations
 import dataclasses
 
 from ..errors import PlannerError
-from .costs import POLICIES
+from .counted import POLICIES
 
 __all__ = ["SCHEDULES", "Parallelism"]
 

@@ -16,7 +16,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any
 
 from ..errors import PlannerError
-from .costs import POLICIES, Costs
+from .counted import POLICIES, Costs
 from .estimate import Estimate, price
 from .models import costs_of
 from .parallelism import Parallelism

@@ -32,7 +32,7 @@ from .errors import (
     ResourceLimitError,
     VerifyError,
 )
-from .ir.plan import Mesh, PartitionSpec, Plan
+from .ir.plan import Experts, Mesh, PartitionSpec, Pipeline, Plan
 from .ir.program import Program, ProgramKind
 from .ir.signature import InputKind, OutputKind
 from .recipe import LossScale, Precision, Recipe
@@ -57,6 +57,7 @@ __all__ = [
     "BackendError",
     "CaptureError",
     "Executable",
+    "Experts",
     "InputError",
     "InputKind",
     "LossScale",
@@ -66,6 +67,7 @@ __all__ = [
     "OutputKind",
     "PartitionSpec",
     "PassError",
+    "Pipeline",
     "Plan",
     "PlanError",
     "PortableError",

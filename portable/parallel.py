@@ -19,11 +19,13 @@ Optimizer state follows its parameter; FSDP and batch sharding are `Plan` fields
 from __future__ import annotations
 
 from .errors import PlanError
-from .ir.plan import Mesh, PartitionSpec, Plan, ShardingRule
+from .ir.plan import Experts, Mesh, PartitionSpec, Pipeline, Plan, ShardingRule
 
 __all__ = [
+    "Experts",
     "Mesh",
     "PartitionSpec",
+    "Pipeline",
     "Plan",
     "ShardingRule",
     "column_parallel",

@@ -17,7 +17,16 @@ from ..errors import PlanError
 from .grammar import bad_identifier, bad_text
 from .safe_regex import SafePattern, compile_pattern
 
-__all__ = ["MAX_DEVICES", "Mesh", "PartitionSpec", "Plan", "ShardingRule"]
+__all__ = [
+    "MAX_DEVICES",
+    "SCHEDULES",
+    "Experts",
+    "Mesh",
+    "PartitionSpec",
+    "Pipeline",
+    "Plan",
+    "ShardingRule",
+]
 
 MAX_DEVICES = 1 << 20
 
@@ -119,6 +128,182 @@ class ShardingRule:
         return self._compiled.fullmatch(name)
 
 
+SCHEDULES = ("gpipe", "1f1b", "interleaved-1f1b", "zero-bubble")
+
+
+@dataclasses.dataclass(frozen=True)
+class Pipeline:
+    """Pipeline parallelism over mesh axis `axis`: the training step is cut at layer boundaries
+    into `stages` programs (`virtual_stages` per rank of `axis`; rank r holds stages r, r + pp,
+    ..., as torch.distributed.pipelining's interleaved schedules place them), each run on
+    `microbatches` micro-batches per step under `schedule`.
+
+    `split_points` are the module paths where stages 1, 2, ... begin (`"blocks.4"`); empty
+    means balanced by the cost model over the model's layers."""
+
+    axis: str = "pp"
+    stages: int | None = None  # None: the axis size times virtual_stages
+    schedule: str = "1f1b"
+    microbatches: int = 1
+    virtual_stages: int = 1
+    split_points: tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "split_points", _names(self.split_points, "split_points"))
+        if self.schedule not in SCHEDULES:
+            raise PlanError(
+                f"unknown pipeline schedule {self.schedule!r}",
+                fix=f"use one of {', '.join(SCHEDULES)}",
+            )
+        for field in ("microbatches", "virtual_stages") + (("stages",) if self.stages else ()):
+            value = getattr(self, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise PlanError(
+                    f"pipeline {field} is {value!r}", fix=f"{field} is a positive integer"
+                )
+        if self.schedule == "interleaved-1f1b" and self.virtual_stages < 2:
+            raise PlanError(
+                "the interleaved-1f1b schedule needs virtual_stages >= 2 (got 1)",
+                fix="set virtual_stages=2 (two stages per rank), or use schedule='1f1b'",
+            )
+        if self.schedule in ("gpipe", "1f1b") and self.virtual_stages != 1:
+            raise PlanError(
+                f"the {self.schedule} schedule runs one stage per rank, but virtual_stages="
+                f"{self.virtual_stages}",
+                fix="use schedule='interleaved-1f1b' (or 'zero-bubble') for several stages per rank",
+            )
+        if (
+            self.stages is not None
+            and self.split_points
+            and len(self.split_points) != self.stages - 1
+        ):
+            raise PlanError(
+                f"{len(self.split_points)} split points make {len(self.split_points) + 1} stages, "
+                f"but stages={self.stages}",
+                fix=f"name {self.stages - 1} module paths where stages 1..{self.stages - 1} begin",
+            )
+
+    def stage_count(self, mesh: Mesh) -> int:
+        """The number of stages: `stages`, checked against the axis size x virtual_stages."""
+        expected = mesh.axis_size(self.axis) * self.virtual_stages
+        if self.stages is not None and self.stages != expected:
+            raise PlanError(
+                f"pipeline stages={self.stages} but {self.axis}({mesh.axis_size(self.axis)}) x "
+                f"virtual_stages({self.virtual_stages}) = {expected}",
+                fix=f"set stages={expected}, or change the {self.axis} size or virtual_stages",
+            )
+        return expected
+
+    def check(self, mesh: Mesh) -> None:
+        """PlanError with the arithmetic unless the schedule can run on `mesh`."""
+        pp, stages = mesh.axis_size(self.axis), self.stage_count(mesh)
+        if self.split_points and len(self.split_points) != stages - 1:
+            raise PlanError(
+                f"{len(self.split_points)} split points make {len(self.split_points) + 1} stages, "
+                f"but {self.axis}({pp}) x virtual_stages({self.virtual_stages}) = {stages}",
+                fix=f"name {stages - 1} module paths where stages 1..{stages - 1} begin",
+            )
+        if self.schedule != "gpipe" and self.microbatches < pp:
+            raise PlanError(
+                f"the {self.schedule} schedule needs at least one micro-batch per "
+                f"{self.axis} rank: microbatches={self.microbatches} < {self.axis}({pp})",
+                fix=f"set microbatches >= {pp} (a bubble of (p-1)/(m+p-1) wants m >> p)",
+            )
+        if self.virtual_stages > 1 and self.microbatches % pp:
+            raise PlanError(
+                f"{self.schedule} with virtual stages runs micro-batches in rounds of "
+                f"{self.axis}({pp}): {self.microbatches} % {pp} = {self.microbatches % pp}",
+                fix=f"use a multiple of {pp} micro-batches",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "axis": self.axis,
+            "schedule": self.schedule,
+            "microbatches": self.microbatches,
+            "virtual_stages": self.virtual_stages,
+        }
+        if self.stages is not None:
+            data["stages"] = self.stages
+        if self.split_points:
+            data["split_points"] = list(self.split_points)
+        return data
+
+    @staticmethod
+    def from_json(data: Any) -> Pipeline:
+        fields = {"axis", "stages", "schedule", "microbatches", "virtual_stages", "split_points"}
+        if not isinstance(data, Mapping) or set(data) - fields:
+            raise _bad_plan(f"pipeline is an object with fields {sorted(fields)}")
+        if not isinstance(data.get("axis", "pp"), str) or not isinstance(
+            data.get("schedule", "1f1b"), str
+        ):
+            raise _bad_plan("pipeline axis and schedule are strings")
+        points = data.get("split_points", [])
+        if not isinstance(points, list):
+            raise _bad_plan("pipeline split_points is a list of module paths")
+        return Pipeline(
+            axis=data.get("axis", "pp"),
+            stages=data.get("stages"),
+            schedule=data.get("schedule", "1f1b"),
+            microbatches=data.get("microbatches", 1),
+            virtual_stages=data.get("virtual_stages", 1),
+            split_points=tuple(points),
+        )
+
+
+@dataclasses.dataclass(frozen=True)
+class Experts:
+    """Expert parallelism over mesh axis `axis`: the experts of every mixture-of-experts layer
+    whose module path matches `modules` are split over the axis, tokens dispatched to the rank
+    holding their expert with all-to-all and combined back. `capacity_factor` None drops no
+    token; a number caps each expert at ceil(factor x tokens x top_k / experts) tokens, as the
+    model's own capacity factor would."""
+
+    axis: str = "ep"
+    modules: str = r".*"
+    capacity_factor: float | None = None
+
+    def __post_init__(self) -> None:
+        compile_pattern(self.modules)  # PlanError for a pattern the safe matcher refuses
+        factor = self.capacity_factor
+        if factor is not None and (
+            not isinstance(factor, (int, float)) or isinstance(factor, bool) or not factor > 0
+        ):
+            raise PlanError(
+                f"experts capacity_factor is {factor!r}",
+                fix="a positive number, or None to drop no token",
+            )
+
+    def to_json(self) -> dict[str, Any]:
+        data: dict[str, Any] = {"axis": self.axis, "modules": self.modules}
+        if self.capacity_factor is not None:
+            data["capacity_factor"] = self.capacity_factor
+        return data
+
+    @staticmethod
+    def from_json(data: Any) -> Experts:
+        fields = {"axis", "modules", "capacity_factor"}
+        if not isinstance(data, Mapping) or set(data) - fields:
+            raise _bad_plan(f"experts is an object with fields {sorted(fields)}")
+        if not isinstance(data.get("axis", "ep"), str) or not isinstance(
+            data.get("modules", ".*"), str
+        ):
+            raise _bad_plan("experts axis and modules are strings")
+        return Experts(
+            axis=data.get("axis", "ep"),
+            modules=data.get("modules", r".*"),
+            capacity_factor=data.get("capacity_factor"),
+        )
+
+
+def _names(values: Any, field: str) -> tuple[str, ...]:
+    values = (values,) if isinstance(values, str) else tuple(values)
+    for value in values:
+        if not isinstance(value, str) or bad_text(value, limit=1024) is not None:
+            raise PlanError(f"pipeline {field} holds {value!r:.80}", fix="give module paths")
+    return values
+
+
 @dataclasses.dataclass(frozen=True)
 class Plan:
     """Mesh + explicit per-tensor specs + ordered regex rules (first match wins).
@@ -135,6 +320,12 @@ class Plan:
     # sequence parallelism: activations between tensor-parallel regions are split on the
     # sequence dim (1) over this axis instead of replicated
     sequence_parallel: str | None = None
+    # pipeline parallelism: the step cut into stages over `pipeline.axis`
+    pipeline: Pipeline | None = None
+    # expert parallelism: mixture-of-experts layers' experts split over `experts.axis`
+    experts: Experts | None = None
+    # context parallelism: every activation's sequence dim split over this axis; ring attention
+    context_axis: str | None = None
 
     def __post_init__(self) -> None:
         specs = self.specs.items() if isinstance(self.specs, Mapping) else self.specs
@@ -146,7 +337,9 @@ class Plan:
         object.__setattr__(self, "rules", tuple(self.rules))
         axes = (self.batch_axes,) if isinstance(self.batch_axes, str) else self.batch_axes
         object.__setattr__(self, "batch_axes", tuple(axes))
-        named = [*self.batch_axes, self.fsdp_axis, self.sequence_parallel]
+        named = [*self.batch_axes, self.fsdp_axis, self.sequence_parallel, self.context_axis]
+        named += [self.pipeline.axis if self.pipeline else None]
+        named += [self.experts.axis if self.experts else None]
         named += [a for _, spec in self.specs for a in spec.axes()]
         named += [a for rule in self.rules for a in rule.spec.axes()]
         for axis in named:
@@ -157,6 +350,17 @@ class Plan:
                     f"plan names mesh axis {axis!r} but has no mesh", fix="pass mesh=Mesh({...})"
                 )
             self.mesh.axis_size(axis)  # PlanError naming the axes that exist
+        if self.pipeline is not None and self.mesh is not None:
+            self.pipeline.check(self.mesh)
+            spec_axes = [a for _, spec in self.specs for a in spec.axes()]
+            spec_axes += [a for rule in self.rules for a in rule.spec.axes()]
+            reused = {*self.batch_axes, self.fsdp_axis, self.sequence_parallel, *spec_axes}
+            if self.pipeline.axis in reused:
+                raise PlanError(
+                    f"mesh axis {self.pipeline.axis!r} is the pipeline axis and also splits "
+                    "tensors or the batch",
+                    fix="give the pipeline an axis of its own (Mesh({'pp': 2, 'dp': 2}))",
+                )
 
     @property
     def is_single_device(self) -> bool:
@@ -246,6 +450,12 @@ class Plan:
             data["fsdp_axis"] = self.fsdp_axis
         if self.sequence_parallel:
             data["sequence_parallel"] = self.sequence_parallel
+        if self.pipeline:
+            data["pipeline"] = self.pipeline.to_json()
+        if self.experts:
+            data["experts"] = self.experts.to_json()
+        if self.context_axis:
+            data["context_axis"] = self.context_axis
         return data
 
     @staticmethod
@@ -271,7 +481,7 @@ class Plan:
         batch = data.get("batch_axes", [])
         if not isinstance(batch, list) or not all(isinstance(a, str) for a in batch):
             raise _bad_plan("batch_axes is not a list of axis names")
-        for key in ("fsdp_axis", "sequence_parallel"):
+        for key in ("fsdp_axis", "sequence_parallel", "context_axis"):
             if data.get(key) is not None and not isinstance(data[key], str):
                 raise _bad_plan(f"{key} is not an axis name")
         return Plan(
@@ -281,10 +491,25 @@ class Plan:
             batch_axes=tuple(batch),
             fsdp_axis=data.get("fsdp_axis"),
             sequence_parallel=data.get("sequence_parallel"),
+            pipeline=Pipeline.from_json(data["pipeline"]) if data.get("pipeline") else None,
+            experts=Experts.from_json(data["experts"]) if data.get("experts") else None,
+            context_axis=data.get("context_axis"),
         )
 
 
-_PLAN_FIELDS = frozenset({"mesh", "specs", "rules", "batch_axes", "fsdp_axis", "sequence_parallel"})
+_PLAN_FIELDS = frozenset(
+    {
+        "mesh",
+        "specs",
+        "rules",
+        "batch_axes",
+        "fsdp_axis",
+        "sequence_parallel",
+        "pipeline",
+        "experts",
+        "context_axis",
+    }
+)
 
 
 def _bad_plan(what: str) -> PlanError:

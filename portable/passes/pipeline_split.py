@@ -54,7 +54,7 @@ __all__ = ["PipelineStages", "StagePrograms", "TiedGradient", "run_stages", "spl
 
 aten = torch.ops.aten
 
-PHASE, MICRO_BATCH, MICRO_LOSS = "phase", "micro_batch", "micro_loss"  # capture/training.py
+PHASE, MICRO_BATCH = "phase", "micro_batch"  # node tags of a training step (capture/training.py)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -88,6 +88,7 @@ class StagePrograms:
     sends: tuple[str, ...]  # forward outputs that go to the next stage (empty on the last)
     grads_sent: tuple[str, ...]  # backward outputs: gradients of the float `receives`
     param_grads: tuple[str, ...]  # backward outputs after them: gradient names, summed over mbs
+    grad_targets: tuple[str, ...]  # the weight key of each of `param_grads`
     state: tuple[str, ...]  # weight keys this stage holds (parameters, buffers, optimizer state)
 
     @property
@@ -262,9 +263,8 @@ class _Splitter:
         self.loss_name = loss_spec.name
         outs = typing.cast(tuple[torch.fx.Node, ...], self.graph.output_node().args[0])
         values = dict(zip((o.name for o in self.sig.outputs), outs, strict=True))
-        loss = values[loss_spec.name]
-        marked = [n for n in self.template if n.meta.get(MICRO_LOSS)]
-        self.loss = marked[0] if marked else loss
+        # micro-batch 0's loss under the sum ((l0 + l1) + l2) + ... of the micro-batch losses
+        self.loss = _first_micro_batch(values[loss_spec.name])
         self.values = values
 
     def _refuse_forward_state_updates(self) -> None:
@@ -577,6 +577,8 @@ class _Splitter:
             elif grad in bwd_set:
                 param_grads.append((grad.name, grad))
         param_grads = list(dict(param_grads).items())
+        by_name = {g.name: g for g in self.grad_of.values()}
+        grad_nodes = [by_name[name] for name, _ in param_grads]
         backward = self._program(f"stage{s}.backward", bwd, bwd_inputs, grads_sent + param_grads)
         backward_input, backward_weight = self._zero_bubble_split(
             s, bwd, bwd_inputs, grads_sent, param_grads
@@ -604,6 +606,7 @@ class _Splitter:
             tuple(name for name, _ in fwd_outputs[: len(out_acts)]),
             tuple(name for name, _ in grads_sent),
             tuple(name for name, _ in param_grads),
+            tuple(self.param_of.get(g, g.name) for g in grad_nodes),
             state,
         )
 
@@ -823,7 +826,8 @@ def _ancestors(roots: Sequence[torch.fx.Node], within: set[torch.fx.Node]) -> se
 
 
 def _first_micro_batch(grad: torch.fx.Node) -> torch.fx.Node:
-    """Micro-batch 0's gradient under the accumulation chain `((g0 + g1) + g2) + ...`."""
+    """Micro-batch 0's value under the accumulation chain `((g0 + g1) + g2) + ...` (a gradient,
+    or the loss)."""
     while (
         grad.target is aten.add.Tensor
         and grad.meta.get(MICRO_BATCH, 0) >= 1

@@ -173,16 +173,29 @@ def layer_modules(modules: Sequence[str]) -> list[str]:
     return max(children.values(), key=len)
 
 
+def _tensor(node: torch.fx.Node) -> TensorSpec | None:
+    """A node's static shape and dtype (None for a tuple-valued op)."""
+    spec = node.meta.get("tensor")
+    if isinstance(spec, TensorSpec):
+        return spec
+    val = node.meta.get("val")
+    return TensorSpec.of(val) if isinstance(val, torch.Tensor) else None
+
+
+def _numel(spec: TensorSpec) -> int:
+    return math.prod(d if isinstance(d, int) else 1 for d in spec.shape)
+
+
 def _flops(node: torch.fx.Node) -> float:
     """A node's counted work: 2mnk for a matmul, else its output's elements."""
-    val = node.meta.get("val")
-    if not isinstance(val, torch.Tensor):
+    out = _tensor(node)
+    if out is None:
         return 0.0
     if node.target in (aten.mm.default, aten.bmm.default, aten.addmm.default):
-        a = typing.cast(torch.fx.Node, node.args[-2]).meta.get("val")
-        if isinstance(a, torch.Tensor):
-            return 2.0 * val.numel() * a.shape[-1]
-    return float(val.numel())
+        a = _tensor(typing.cast(torch.fx.Node, node.args[-2]))
+        if a is not None and isinstance(a.shape[-1], int):
+            return 2.0 * _numel(out) * a.shape[-1]
+    return float(_numel(out))
 
 
 def balance(costs: Sequence[float], parts: int) -> list[int]:
@@ -431,7 +444,7 @@ class _Splitter:
                 a in self.stage and a.meta[PHASE] == "forward" for a in node.all_input_nodes
             )
             staged = [a for a in node.all_input_nodes if a in self.stage]
-            single = len(staged) == 1 and isinstance(staged[0].meta.get("val"), torch.Tensor)
+            single = len(staged) == 1 and _tensor(staged[0]) is not None
             if users and max(users) < self.stage[node] and not reads_fwd and single:
                 self.stage[node] = max(users)
 
@@ -500,11 +513,12 @@ class _Splitter:
         pairs: list[torch.fx.Node | None] = []
         left = list(back)
         for act in sent:
-            val = act.meta["val"]
+            val = _tensor(act)
+            assert val is not None  # a tuple-valued op is never sent: its elements are
             if not val.dtype.is_floating_point:
                 pairs.append(None)
                 continue
-            same = [g for g in left if _same_type(g.meta["val"], val)]
+            same = [g for g in left if _tensor(g) == val]
             if len(same) != 1 and not (same and len(sent) == 1):
                 raise PlanError(
                     f"cannot tell which gradient comes back for activation {_where(act)} "
@@ -709,7 +723,7 @@ class _Splitter:
                 return by_name[label]
             node = graph.placeholder(_identifier(label, len(specs)))
             node.meta.update({k: v for k, v in src.meta.items() if k in ("val", "tensor")})
-            specs.append(InputSpec(node.name, InputKind.USER_INPUT, TensorSpec.of(src.meta["val"])))
+            specs.append(InputSpec(node.name, InputKind.USER_INPUT, _spec(src)))
             by_name[label] = node
             return node
 
@@ -754,7 +768,7 @@ class _Splitter:
             else:
                 node, meta = value(src), src.meta
             results.append(node)
-            out_specs.append(OutputSpec(label, OutputKind.OUTPUT, TensorSpec.of(meta["val"])))
+            out_specs.append(OutputSpec(label, OutputKind.OUTPUT, _spec_of_meta(meta)))
         graph.output(tuple(results))
         graph.eliminate_dead_code()
         anchor = next(n for n in graph.nodes if n.op != "placeholder")
@@ -794,8 +808,15 @@ def _under(module: str, prefix: str) -> bool:
     return module == prefix or module.startswith(prefix + ".")
 
 
-def _same_type(a: torch.Tensor, b: torch.Tensor) -> bool:
-    return tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+def _spec(node: torch.fx.Node) -> TensorSpec:
+    return _spec_of_meta(node.meta)
+
+
+def _spec_of_meta(meta: dict[str, typing.Any]) -> TensorSpec:
+    spec = meta.get("tensor")
+    if isinstance(spec, TensorSpec):
+        return spec
+    return TensorSpec.of(meta["val"])
 
 
 def _closure_up(node: torch.fx.Node, stop: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:

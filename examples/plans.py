@@ -2,12 +2,13 @@
 
 Each is a zero-argument function returning a `portable.Plan` over two ranks (or four for the
 2 x 2 ones): data parallel, tensor parallel (Megatron's column/row split of attention and MLP),
-FSDP (parameters, gradients and optimizer state sharded over dp), and both.
+FSDP (parameters, gradients and optimizer state sharded over dp), and both; and a two-stage
+pipeline (`pp2`).
 """
 
 from __future__ import annotations
 
-from portable import Mesh, Plan
+from portable import Mesh, Pipeline, Plan
 from portable import parallel as par
 
 
@@ -47,3 +48,9 @@ def gpt_dp2_tp2() -> Plan:
 
 def llama_tp2() -> Plan:
     return Plan(Mesh({"tp": 2}), rules=_llama_tp_rules())
+
+
+def pp2() -> Plan:
+    """Two pipeline stages (the layers balanced by counted FLOPs), 1F1B over two micro-batches:
+    the examples' batches have two rows."""
+    return Plan(Mesh({"pp": 2}), pipeline=Pipeline(axis="pp", schedule="1f1b", microbatches=2))

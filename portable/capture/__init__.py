@@ -14,6 +14,7 @@ Pipeline (each stage in its own module):
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -142,6 +143,7 @@ def capture(
     check_tensors(model, args, kwargs or {})
     name = name or type(model).__name__
     options = {"training": loss_fn is not None, "dynamic_shapes": dynamic_shapes is not None}
+    accumulate = _pipeline_accumulate(plan, accumulate, loss_fn is not None)
     recipe_args = {
         "schedule": schedule,
         "clip_grad_norm": clip_grad_norm,
@@ -240,6 +242,20 @@ def _repeated(
     return full if full is not None else capture_once()
 
 
+def _pipeline_accumulate(plan: Plan | None, accumulate: int, training: bool) -> int:
+    """A pipeline's micro-batches are the step's accumulation: `accumulate` defaults to them,
+    and any other count is refused (the pipelined step is the single-device step)."""
+    if plan is None or plan.pipeline is None or not training:
+        return accumulate
+    m = plan.pipeline.microbatches
+    if accumulate not in (1, m):
+        raise CaptureError(
+            f"accumulate={accumulate} but the plan's pipeline runs {m} micro-batches per step",
+            fix=f"leave accumulate out (the pipeline sets it to {m}) or make them equal",
+        )
+    return m
+
+
 _RECIPE_DEFAULTS: dict[str, Any] = {
     "schedule": None,
     "clip_grad_norm": None,
@@ -334,11 +350,17 @@ def capture_loss(
 
 
 def capture_spec(
-    spec: ModelSpec | Any, *, training: bool = False, model: torch.nn.Module | None = None
+    spec: ModelSpec | Any,
+    *,
+    training: bool = False,
+    model: torch.nn.Module | None = None,
+    plan: Plan | None = None,
 ) -> Program:
     """Capture a `@portable` model (the decorated class or factory, or its `ModelSpec`) with its
-    recorded example inputs, loss and optimizer."""
+    recorded example inputs, loss and optimizer; `plan` replaces the spec's own."""
     spec = _spec(spec)
+    if plan is not None:
+        spec = dataclasses.replace(spec, plan=plan)
     model = model if model is not None else spec.build()
     if not training:
         return capture(

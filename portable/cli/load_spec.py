@@ -46,10 +46,11 @@ class Source:
     def name(self) -> str:
         return self.spec.name if self.spec is not None else str(self.archive)
 
-    def program(self, *, training: bool) -> Program:
-        """Capture the spec (training step or inference), or load the archive."""
+    def program(self, *, training: bool, plan: Plan | None = None) -> Program:
+        """Capture the spec (training step or inference) under `plan` (the spec's own when
+        None: a pipeline's micro-batches set the step's accumulation), or load the archive."""
         if self.spec is not None:
-            return capture_spec(self.spec, training=training)
+            return capture_spec(self.spec, training=training, plan=plan)
         assert self.archive is not None  # invariant of resolve(), not user input
         from ..archive import load
 

@@ -104,7 +104,7 @@ def run(args: argparse.Namespace) -> int:
         )
     with tempfile.TemporaryDirectory(prefix="portable-run-") as tmp:
         with progress.stage("capture", f"capturing {source.name}"):
-            program = with_plan(_program(source, training), plan)
+            program = with_plan(_program(source, training, plan), plan)
         with progress.stage("partition", f"partitioning for {_mesh_text(plan)}"):
             per_rank = per_rank_program(program)
         with progress.stage("save", "saving the per-rank program and global inputs"):
@@ -138,14 +138,14 @@ def _own_plan(source: Source) -> Plan:
     return load(source.archive).plan
 
 
-def _program(source: Source, training: bool) -> Program:
+def _program(source: Source, training: bool, plan: Plan) -> Program:
     if source.spec is not None:
         if training and not source.spec.trainable:
             raise CaptureError(
                 f"`{source.spec.name}` has no loss_fn, so it has no training step",
                 fix="pass --inference, or give @portable a loss_fn and example_batch",
             )
-        return source.program(training=training)
+        return source.program(training=training, plan=plan)
     program = source.program(training=False)
     if training != (program.kind is ProgramKind.TRAINING_STEP):
         raise CaptureError(

@@ -33,7 +33,7 @@ import safetensors.torch
 import torch
 
 from ..errors import InputError, PlanError, RegistryError
-from ..ir.plan import Mesh
+from ..ir.plan import Mesh, Plan
 from ..ir.program import Program
 from ..ir.spmd import SpmdLayout
 from ..passes import registry
@@ -71,7 +71,15 @@ def default_backend() -> str:
 def per_rank_program(program: Program) -> Program:
     """The per-rank program of `program` under its plan: the spmd-partition pass's output (found
     through the registry, as `-p` finds it), or, for a one-device plan, the program itself with a
-    replicated layout."""
+    replicated layout. A pipelined step is run as it is (each rank cuts its stages from it,
+    distributed/pipeline.py); it is cut here once first, so a step that cannot be cut fails
+    before any process starts."""
+    if program.plan.pipeline is not None:
+        from ..passes.pipeline_split import split_stages
+
+        check_pipeline_mesh(program.plan)
+        split_stages(program)
+        return program
 
     try:
         partition = registry.get("spmd-partition")
@@ -84,6 +92,20 @@ def per_rank_program(program: Program) -> Program:
         mesh = program.plan.mesh or Mesh({})
         return program.replace(spmd=SpmdLayout.replicated(program.signature, mesh))
     return partition().apply(program).program
+
+
+def check_pipeline_mesh(plan: Plan) -> None:
+    """PlanError unless torch.distributed can run the plan's pipeline: a mesh of the pipeline
+    axis alone (other axes combine with it on XLA host devices)."""
+    assert plan.pipeline is not None and plan.mesh is not None
+    others = [name for name in plan.mesh.names if name != plan.pipeline.axis]
+    if others and any(plan.mesh.axis_size(a) > 1 for a in others):
+        raise PlanError(
+            f"torch.distributed runs a pipeline over a mesh of its axis alone; this mesh also "
+            f"has {', '.join(others)}",
+            fix=f"use Mesh({{'{plan.pipeline.axis}': N}}) here, or run the combined plan on XLA "
+            "host devices (portable.compile(step, backend='xla'))",
+        )
 
 
 def prepare(

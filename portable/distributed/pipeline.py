@@ -343,6 +343,15 @@ class PipelineRank:
                 outputs.setdefault(name, value)
         return outputs
 
+    def load(self, values: Mapping[str, torch.Tensor]) -> None:
+        """Replace held state entries (by weight key) with `values` (whole tensors)."""
+        for rt in self.runtimes:
+            for key, value in values.items():
+                if key in rt.params:
+                    rt.params[key].data = value.detach().clone()
+                elif key in rt.state:
+                    rt.state[key] = value.detach().clone()
+
     def state(self) -> dict[str, torch.Tensor]:
         """The state this rank holds, by weight key (a tied parameter from each holder)."""
         held: dict[str, torch.Tensor] = {}

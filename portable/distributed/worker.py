@@ -129,10 +129,14 @@ def run_rank(
     `at(phase, step, steps)` is told where the rank is (heartbeat.py)."""
     at = at or _no_beat
     root = Path(directory)
-    program, layout, steps = _checked_program(root, steps)
-    mesh = layout.mesh
     timeout = datetime.timedelta(seconds=timeout_s)
     backend = backend or run_dir.default_backend()
+    program, steps = _loaded_program(root, steps)
+    if program.plan.pipeline is not None:
+        _run_pipeline(root, Path(out), program, steps, backend, timeout, at)
+        return
+    layout = _checked_layout(root, program)
+    mesh = layout.mesh
     device = torch.device("cpu")
     if backend == "nccl":
         device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
@@ -183,24 +187,65 @@ def run_rank(
         dist.barrier()
 
 
-def _checked_program(root: Path, steps: int | None) -> tuple[Program, SpmdLayout, int]:
-    """The per-rank program of run directory `root`, its layout and step count, checked
-    against the world size torchrun set before any data is read."""
+def _loaded_program(root: Path, steps: int | None) -> tuple[Program, int]:
+    """The program of run directory `root` and the step count, its plan checked against the
+    world size torchrun set before any data is read."""
     from ..archive import load
 
     config = _read_run(root)
     steps = config.get("steps", 1) if steps is None else steps
     program = load(root / run_dir.PROGRAM)
-    layout = _layout(program)
     world = int(os.environ.get("WORLD_SIZE", "1"))
     program.plan.check_world_size(world, "torchrun (WORLD_SIZE)")
+    return program, steps
+
+
+def _run_pipeline(
+    root: Path,
+    out: Path,
+    program: Program,
+    steps: int,
+    backend: str,
+    timeout: datetime.timedelta,
+    at: Callable[..., None],
+) -> None:
+    """A pipelined step's rank (pipeline_worker.py); rank 0 writes OUT."""
+    from .pipeline_worker import run_pipeline_rank
+
+    results = run_pipeline_rank(
+        program, root / run_dir.STATE, root / run_dir.INPUTS, steps, backend, timeout, at
+    )
+    if dist.get_rank() == 0:
+        at("write")
+        assert program.plan.mesh is not None  # a pipeline plan has its mesh
+        doc = {
+            "format": OUTPUT_FORMAT,
+            "format_version": OUTPUT_FORMAT_VERSION,
+            "program": program.identity(),
+            "kind": program.kind.value,
+            "backend": backend,
+            "world_size": dist.get_world_size(),
+            "mesh": program.plan.mesh.to_json(),
+            "steps": steps,
+            **results.pop("doc"),
+        }
+        doc["timings"] = {"run_s": doc.pop("run_s")}
+        _write_out(out, doc, results)
+    at("done")
+    with collective("the final barrier", timeout):
+        dist.barrier()
+
+
+def _checked_layout(root: Path, program: Program) -> SpmdLayout:
+    """The per-rank program's layout, checked against its plan."""
+    layout = _layout(program)
     if program.plan.mesh is not None and program.plan.mesh != layout.mesh:
         raise ArchiveError(
             f"{root / run_dir.PROGRAM}: the spmd layout's mesh {layout.mesh.to_json()} differs "
             f"from the plan's {program.plan.mesh.to_json()}",
             fix="re-run the spmd-partition pass",
         )
-    return program, layout, steps
+    return layout
 
 
 def _steps(

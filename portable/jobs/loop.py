@@ -50,6 +50,10 @@ def run_job(run: Path, *, restart: int, started: float, at: Beat) -> None:
 def make_engine(files: JobFiles, *, timeout_s: float) -> Engine:
     """The engine `files.config.engine` names, started on this process."""
     engine = files.config.engine
+    if files.per_rank.plan.pipeline is not None:
+        from .pipeline_engine import PipelineEngine
+
+        return PipelineEngine(files, device_type=engine, timeout_s=timeout_s)
     if engine in ("cpu", "cuda"):
         return TorchEngine(files, device_type=engine, timeout_s=timeout_s)
 
@@ -201,12 +205,12 @@ class _Job:
     def _init_from_hf(self) -> None:
 
         program = self.files.per_rank
-        layout = program.spmd
-        assert layout is not None  # read_job loads a per-rank program
+        layout = program.spmd  # None for a pipelined step: its signature is global
         wanted = {}
         for s in program.signature.state_inputs:
             if s.kind is InputKind.PARAMETER:  # buffers (rotary tables, masks): the model's own
-                shape = tuple(int(d) for d in layout.input(s.name).global_shape)
+                dims = layout.input(s.name).global_shape if layout else s.spec.shape
+                shape = tuple(int(d) for d in dims)
                 index = self.engine.state_slices(s.key, shape)  # each rank reads only its part
                 wanted[s.key] = HfTensor(shape, s.spec.dtype, index)
         aliases = {v: k for k, v in program.metadata.get("tied_weights", {}).items()}

@@ -118,6 +118,7 @@ def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
 
     source = resolve(config.spec) if source is None else source
     tokens = TokenFile.open(config.data, dtype=config.data_dtype)
+    given_plan = load_plan(config.plan) if config.plan is not None else None
     if source.spec is not None:
         spec = source.spec
         if not spec.trainable:
@@ -130,19 +131,19 @@ def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
         example = sampler.batch(0)  # a real batch: the program is captured on the job's data
         model = spec.build()
         recipe = {"seed": config.seed, **spec.recipe}
-
+        own_plan = spec.plan if isinstance(spec.plan, Plan) else Plan()
         program = capture(
             model,
             example,
             loss_fn=spec.loss_fn,
             optimizer=spec.optimizer or AdamW(lr=1e-3),
             name=f"{spec.name}.train_step",
+            plan=given_plan or own_plan,  # a pipeline's micro-batches are the accumulation
             **recipe,
         )
         eval_program = None
         if config.eval_data is not None:
             eval_program = capture_loss(model, example, spec.loss_fn, name=f"{spec.name}.eval")
-        own_plan = spec.plan if isinstance(spec.plan, Plan) else Plan()
     else:
         program = source.program(training=True)
         batch, seq = _archive_shape(program, config)
@@ -154,7 +155,7 @@ def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
                 fix="pass the model's SPEC (file.py:Name) to evaluate, or drop --eval-data",
             )
         own_plan = program.plan
-    plan = load_plan(config.plan) if config.plan is not None else own_plan
+    plan = given_plan or own_plan
     plan.check_world_size(_world(config, plan), f"--nproc {config.nproc}")
     plan.validate(program.tensor_shapes())
     program = program.replace(plan=plan)
@@ -165,6 +166,11 @@ def prepare_job(config: JobConfig, source: Any = None) -> Prepared:
             check_vocab(TokenFile.open(config.eval_data, dtype=config.data_dtype), vocab)
     per_rank = per_rank_program(program)
     eval_per_rank = None
+    if eval_program is not None and plan.pipeline is not None:
+        raise JobError(
+            "validation (--eval-data) is not run under a pipeline plan yet",
+            fix="drop --eval-data, or evaluate under a plan without pipeline",
+        )
     if eval_program is not None:
         eval_per_rank = per_rank_program(eval_program.replace(plan=plan))
         _check_same_state_layout(per_rank, eval_per_rank)

@@ -107,6 +107,7 @@ class PipelineStages:
     ranks: int
     microbatches: int
     batch_inputs: tuple[str, ...]  # the step's batch inputs, signature order
+    split_points: tuple[str, ...]  # the module paths where stages 1, 2, ... begin
     tied: tuple[TiedGradient, ...]
     loss_name: str
     outputs: tuple[OutputSpec, ...]  # the step's outputs (loss, updated state, metrics)
@@ -499,6 +500,7 @@ class _Splitter:
             self.ranks,
             self.pipeline.microbatches,
             tuple(i.name for i in self.sig.user_inputs),
+            self.split_points,
             tuple(tied),
             self.loss_name,
             self.sig.outputs,

@@ -289,15 +289,6 @@ def test_stages_as_separate_ranks_match_the_step(gpt):
     _assert_ranks_match_the_step(gpt, gpt.split(4), STEPS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="with split_points=('blocks.0',) on GPT, stage 0 (wte, wpe) reads the embedding "
-    "lm_head.weight, but the embedding's backward is placed on stage 1, no TiedGradient is "
-    "reported (tied == ()) and stage 0's update does not write lm_head.weight: a rank holding "
-    "stage 0 keeps the initial embedding, so from step 2 the loss differs (4.6487 vs 4.6404). "
-    "run_stages hides it by sharing one state dict between the stages",
-)
 def test_an_embedding_only_first_stage_updates_its_tied_weight(gpt):
     stages = gpt.split(2, split_points=("blocks.0",))
     _assert_ranks_match_the_step(gpt, stages, STEPS)
@@ -507,16 +498,6 @@ def test_an_inference_program():
     assert "loss_fn=" in str(info.value.fix)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    raises=AssertionError,
-    reason="with clip_grad_norm every updated parameter depends on every gradient (through the "
-    "norm), so _gradients' closure from each UPDATED_PARAMETER output maps gradients to the "
-    "wrong weight keys; a bias gradient (blocks.0.mlp.proj's sum over the incoming gradient's "
-    "view) stays on stage 1, and _pair refuses first with 'stage 1 sends back gradients "
-    "['view_52'] for no activation of stage 0' (GPT) / 'stage 1 op aten.t ... reads t_48 from "
-    "stage 0' (Llama) instead of _update's 'global gradient norm' refusal",
-)
 def test_clip_grad_norm_is_refused_naming_the_norm():
     clipped = _capture(lambda: _gpt(2), batch=4, seq=8, accumulate=2, clip_grad_norm=1.0)
     err = _refusal(clipped, Plan(Mesh({"pp": 2}), pipeline=Pipeline(microbatches=2)))

@@ -163,4 +163,3 @@ def _to_rank0(
         dist.recv(buffer, owner)
         return buffer
     return None
-

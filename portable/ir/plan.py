@@ -155,7 +155,8 @@ class Pipeline:
                 f"unknown pipeline schedule {self.schedule!r}",
                 fix=f"use one of {', '.join(SCHEDULES)}",
             )
-        for field in ("microbatches", "virtual_stages") + (("stages",) if self.stages else ()):
+        fields = ("microbatches", "virtual_stages")
+        for field in fields + (("stages",) if self.stages is not None else ()):
             value = getattr(self, field)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise PlanError(
@@ -297,7 +298,11 @@ class Experts:
 
 
 def _names(values: Any, field: str) -> tuple[str, ...]:
-    values = (values,) if isinstance(values, str) else tuple(values)
+    if isinstance(values, str):
+        values = (values,)
+    if not isinstance(values, (tuple, list)):
+        raise PlanError(f"pipeline {field} is {values!r:.80}", fix="give a list of module paths")
+    values = tuple(values)
     for value in values:
         if not isinstance(value, str) or bad_text(value, limit=1024) is not None:
             raise PlanError(f"pipeline {field} holds {value!r:.80}", fix="give module paths")
@@ -355,6 +360,7 @@ class Plan:
             spec_axes = [a for _, spec in self.specs for a in spec.axes()]
             spec_axes += [a for rule in self.rules for a in rule.spec.axes()]
             reused = {*self.batch_axes, self.fsdp_axis, self.sequence_parallel, *spec_axes}
+            reused |= {self.context_axis, self.experts.axis if self.experts else None}
             if self.pipeline.axis in reused:
                 raise PlanError(
                     f"mesh axis {self.pipeline.axis!r} is the pipeline axis and also splits "
@@ -491,8 +497,8 @@ class Plan:
             batch_axes=tuple(batch),
             fsdp_axis=data.get("fsdp_axis"),
             sequence_parallel=data.get("sequence_parallel"),
-            pipeline=Pipeline.from_json(data["pipeline"]) if data.get("pipeline") else None,
-            experts=Experts.from_json(data["experts"]) if data.get("experts") else None,
+            pipeline=_optional(data, "pipeline", Pipeline.from_json),
+            experts=_optional(data, "experts", Experts.from_json),
             context_axis=data.get("context_axis"),
         )
 
@@ -510,6 +516,12 @@ _PLAN_FIELDS = frozenset(
         "context_axis",
     }
 )
+
+
+def _optional(data: Mapping[str, Any], key: str, read: Any) -> Any:
+    """`read(data[key])`, or None when the key is absent or null (a present value of the wrong
+    type is refused by `read`, never taken as absent)."""
+    return read(data[key]) if data.get(key, None) is not None else None
 
 
 def _bad_plan(what: str) -> PlanError:

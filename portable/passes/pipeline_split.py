@@ -130,7 +130,22 @@ def split_stages(program: Program) -> PipelineStages:
         )
     pipeline = plan.pipeline
     n_stages = pipeline.stage_count(plan.mesh)
-    accumulate = recipe_of(program.metadata).accumulate
+    recipe = recipe_of(program.metadata)
+    coupled = {}
+    if recipe.clip_grad_norm is not None:
+        coupled["clip_grad_norm"] = (
+            f"clip_grad_norm={recipe.clip_grad_norm} (the global gradient norm)"
+        )
+    if recipe.precision.loss_scale is not None:
+        coupled["the float16 loss scale"] = "the float16 loss scale (the global overflow check)"
+    if coupled:
+        raise PlanError(
+            f"the recipe's {' and '.join(coupled.values())} reads the gradients of every "
+            "stage; a pipelined step does not compute it across stages yet",
+            fix=f"capture without {' and '.join(coupled)} for this plan, or run without a "
+            "pipeline axis",
+        )
+    accumulate = recipe.accumulate
     if accumulate != pipeline.microbatches:
         raise PlanError(
             f"the pipeline runs {pipeline.microbatches} micro-batches per step but the step was "
@@ -379,13 +394,22 @@ class _Splitter:
             for arg in node.all_input_nodes:
                 if arg in consumer:
                     consumer[arg] = max(consumer[arg], self.stage[node])
+        # a batch input read by one stage's forward: the backward of the op reading it (an
+        # embedding's) runs there too
+        for micro in self.micro_of:
+            stages = {self.stage[u] for u in micro.users if u in self.stage}
+            if len(stages) == 1 and all(
+                u.meta.get(PHASE) == "forward" for u in micro.users if u in self.stage
+            ):
+                consumer[micro] = stages.pop()
         for node in self.live:
             if node.meta[PHASE] != "backward":
                 continue
             reads_fwd = [
                 consumer[a]
                 for a in node.all_input_nodes
-                if a in self.stage and a.meta.get(PHASE) == "forward"
+                if (a in self.stage and a.meta.get(PHASE) == "forward") or a in self.micro_of
+                if a in consumer
             ]
             reads_bwd = [
                 self.stage[a]

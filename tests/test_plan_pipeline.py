@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 import portable
 from portable import Experts, Mesh, PartitionSpec, Pipeline, Plan, PlanError
@@ -431,3 +432,20 @@ def test_malformed_json_is_a_plan_error(fields, says):
 def test_falsy_wrong_types_are_refused(field, value):
     err = _error(lambda: Plan.from_json({"mesh": {"pp": 2, "ep": 2}, field: value}))
     assert "malformed plan" in err.what
+
+
+def test_spmd_partition_refuses_what_it_does_not_plan():
+    """Expert and context parallelism are vocabulary only: partitioning refuses them (and a
+    pipeline, which has its own pass) instead of running without them."""
+    from portable.passes.spmd_partition import partition
+
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4))
+    program = portable.capture(model, (torch.randn(2, 4),))
+    for plan, named in (
+        (Plan(Mesh({"ep": 2}), experts=Experts()), "experts"),
+        (Plan(Mesh({"cp": 2}), context_axis="cp"), "context_axis"),
+        (Plan(Mesh({"pp": 2}), pipeline=Pipeline(microbatches=2)), "pipeline"),
+    ):
+        with pytest.raises(PlanError, match=named) as info:
+            partition(program.replace(plan=plan))
+        assert "not implemented yet" in str(info.value.fix)

@@ -86,6 +86,22 @@ class SpmdPartition(Pass):
 
     def apply(self, program: Program) -> PassResult:
         plan = program.plan
+        unplanned = [
+            what
+            for what, named in (
+                ("experts (expert parallelism)", plan.experts),
+                ("context_axis (context parallelism)", plan.context_axis),
+                ("pipeline (run it with split_stages / its engine)", plan.pipeline),
+            )
+            if named is not None
+        ]
+        if unplanned:
+            raise PlanError(
+                f"the spmd-partition pass does not act on the plan's {', '.join(unplanned)}",
+                fix="drop it from the plan: a pipeline runs through passes/pipeline_split.py "
+                "(portable run / portable train); expert and context parallelism are not "
+                "implemented yet",
+            )
         if plan.is_single_device:
             return PassResult(
                 program, self.report(False, notes=["single-device plan: nothing to do"])

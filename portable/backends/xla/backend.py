@@ -3,8 +3,10 @@
 lower -> StableHLO and HLO text (inspectable); write -> an XLA executable (and the texts under
 out_dir); executable -> the portable Executable. A per-rank program (`Program.is_per_rank`: a
 layout over more than one rank) runs on mesh.size XLA devices under shard_map and takes and
-returns GLOBAL values (spmd.py). Tensors cross between torch and JAX by DLPack (zero-copy on
-CPU). JAX is imported only when this backend is used.
+returns GLOBAL values (spmd.py). A training step whose plan has a pipeline over a mesh of that
+axis alone runs its stages on that many XLA devices as one SPMD program (pipeline.py).
+Tensors cross between torch and JAX by DLPack (zero-copy on CPU). JAX is imported only when this
+backend is used.
 """
 
 from __future__ import annotations
@@ -41,6 +43,11 @@ class XlaBackend(Backend):
         from .lowering import lower
         from .spmd import spmd_function
 
+        if is_pipelined(program):
+            from .pipeline import PipelineFunction, pipeline_stages
+
+            stages = PipelineFunction(pipeline_stages(program))  # one program under shard_map
+            return Lowered(program, target, texts=lowered_texts(stages.lowered), payload=stages)
         if program.is_per_rank:
             # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts
             # are the SPMD module before XLA partitions it
@@ -58,7 +65,7 @@ class XlaBackend(Backend):
                 path = out_dir / name
                 path.write_text(text)
                 files.append(path)
-        if lowered.program.is_per_rank:
+        if lowered.program.is_per_rank or is_pipelined(lowered.program):
             return Written(lowered, files, payload=lowered.payload)
         return Written(lowered, files, payload=compile_lowered(lowered.payload))
 
@@ -69,6 +76,10 @@ class XlaBackend(Backend):
 
         from .spmd import SpmdExecutable
 
+        if is_pipelined(compiled.lowered.program):
+            from .pipeline import PipelineExecutable
+
+            return PipelineExecutable(compiled.lowered.program, self.name, compiled.payload)
         if compiled.lowered.program.is_per_rank:
             # GLOBAL inputs and outputs (spmd.py's module docstring)
             return SpmdExecutable(compiled.lowered.program, self.name, compiled.payload)
@@ -96,3 +107,9 @@ def _row_major(t):
     if tuple(reversed(expected)) == t.stride():
         return t
     return t.clone(memory_format=torch.contiguous_format)
+
+
+def is_pipelined(program: Program) -> bool:
+    """A step this backend runs as pipeline stages (pipeline.py): a plan with a pipeline, and
+    not per-rank (JAX is not imported to tell)."""
+    return program.plan.pipeline is not None and not program.is_per_rank

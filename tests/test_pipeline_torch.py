@@ -10,7 +10,9 @@
 - the results report the measured bubble per rank beside the schedule's formula;
 - `portable train --plan` with a pipeline: a job resumed from its checkpoint ends bit-identical
   to one that ran straight through;
-- refusals before any process starts: a pipeline over a mesh with other axes, validation data.
+- PP x DP (x TP): the step partitioned over the other axes, then cut (GPT PP x DP = 2 x 2 in CI,
+  PP x DP x TP = 2 x 2 x 2 for GPT and Llama in the full form);
+- refusals: validation data under a pipeline plan.
 """
 
 from __future__ import annotations
@@ -122,13 +124,25 @@ def test_zero_bubble_and_gpipe_give_the_same_step(schedule, tmp_path):
     _check("gpt", 4, _plan(2, schedule), 2, tmp_path)
 
 
-def test_a_pipeline_over_other_axes_is_refused_before_any_process_starts(tmp_path):
-    from portable.distributed.launch import per_rank_program
+COMBINED = [("gpt", {"pp": 2, "dp": 2, "tp": 2}), ("llama", {"pp": 2, "dp": 2, "tp": 2})]
 
-    plan = Plan(Mesh({"pp": 2, "dp": 2}), batch_axes=("dp",), pipeline=Pipeline(microbatches=2))
-    step, _ = _step("gpt", 2, plan)
-    with pytest.raises(portable.PlanError, match="pipeline over a mesh of its axis alone"):
-        per_rank_program(step)
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("stem", "axes"), COMBINED if FULL else [("gpt", {"pp": 2, "dp": 2})])
+def test_a_pipeline_combines_with_data_and_tensor_parallelism(stem, axes, tmp_path):
+    """PP x DP x TP: the step partitioned over dp x tp first, then cut into stages; the
+    tensor-parallel collectives run inside the stage programs, the data-parallel gradient
+    all-reduces in the updates."""
+    from tests.spmd_cases import tp_rules
+
+    plan = Plan(
+        Mesh(axes),
+        rules=tp_rules(stem) if "tp" in axes else [],
+        batch_axes=("dp",),
+        pipeline=Pipeline(microbatches=4),
+    )
+    results = _check(stem, 4 if FULL else 2, plan, 2, tmp_path)
+    assert results["world_size"] == Mesh(axes).size
 
 
 @pytest.fixture(scope="module")

@@ -20,6 +20,7 @@ how it ended and the step it had reached (diagnosis.py).
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import socket
@@ -71,15 +72,10 @@ def default_backend() -> str:
 def per_rank_program(program: Program) -> Program:
     """The per-rank program of `program` under its plan: the spmd-partition pass's output (found
     through the registry, as `-p` finds it), or, for a one-device plan, the program itself with a
-    replicated layout. A pipelined step is run as it is (each rank cuts its stages from it,
-    distributed/pipeline.py); it is cut here once first, so a step that cannot be cut fails
+    replicated layout. A pipelined step is partitioned over its plan's other axes (when it has
+    any) and run as that per-rank step, carrying the whole plan: each rank cuts its stages from
+    it (distributed/pipeline.py). It is cut here once first, so a step that cannot be cut fails
     before any process starts."""
-    if program.plan.pipeline is not None:
-        from ..passes.pipeline_split import split_stages
-
-        check_pipeline_mesh(program.plan)
-        split_stages(program)
-        return program
 
     try:
         partition = registry.get("spmd-partition")
@@ -88,24 +84,29 @@ def per_rank_program(program: Program) -> Program:
             "the spmd-partition pass is not available in this installation",
             fix="install a portable version with portable.passes.spmd_partition",
         ) from exc
+    if program.plan.pipeline is not None:
+        from ..passes.pipeline_split import split_stages
+
+        plan = program.plan
+        others = pipeline_free(plan)
+        if others.mesh is not None and others.mesh.size > 1:
+            # the other axes first: the per-rank step over them, then its stages
+            per_rank = partition().apply(program.replace(plan=others)).program
+            program = per_rank.replace(plan=plan)
+        split_stages(program)
+        return program
     if program.plan.is_single_device:
         mesh = program.plan.mesh or Mesh({})
         return program.replace(spmd=SpmdLayout.replicated(program.signature, mesh))
     return partition().apply(program).program
 
 
-def check_pipeline_mesh(plan: Plan) -> None:
-    """PlanError unless torch.distributed can run the plan's pipeline: a mesh of the pipeline
-    axis alone (other axes combine with it on XLA host devices)."""
+def pipeline_free(plan: Plan) -> Plan:
+    """`plan` without its pipeline: the mesh of its other axes, the same rules and axes."""
     assert plan.pipeline is not None and plan.mesh is not None
-    others = [name for name in plan.mesh.names if name != plan.pipeline.axis]
-    if others and any(plan.mesh.axis_size(a) > 1 for a in others):
-        raise PlanError(
-            f"torch.distributed runs a pipeline over a mesh of its axis alone; this mesh also "
-            f"has {', '.join(others)}",
-            fix=f"use Mesh({{'{plan.pipeline.axis}': N}}) here, or run the combined plan on XLA "
-            "host devices (portable.compile(step, backend='xla'))",
-        )
+    axis = plan.pipeline.axis
+    mesh = Mesh([(name, size) for name, size in plan.mesh.axes if name != axis])
+    return dataclasses.replace(plan, mesh=mesh if mesh.axes else None, pipeline=None)
 
 
 def prepare(

@@ -9,8 +9,8 @@ whose module runs the stage's programs with the cpu backend's executables:
   returns the micro-batch's loss (the program's, already divided by the micro-batch count, so the
   schedule runs with `scale_grads=False` and an identity loss function);
 - backward: the Function's backward runs the `backward` program, returning the gradients of the
-  received activations (sent back by the schedule) and of the parameters (accumulated into
-  `.grad` by autograd, micro-batch after micro-batch, as the single-device step sums them);
+  received activations (sent back by the schedule); the parameters' gradients are summed by the
+  stage's runtime, micro-batch after micro-batch, as the single-device step sums them;
 - zero-bubble: the backward runs `backward_input` only and stashes its outputs; the stage's
   `dw_builder` runs `backward_weight` when the schedule reaches the weight-gradient action.
 
@@ -25,6 +25,7 @@ reports the measured bubble: 1 - busy / step time.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Mapping, Sequence
@@ -35,6 +36,8 @@ import torch.distributed as dist
 from torch import nn
 
 from ..errors import PlanError
+from ..ir.plan import Mesh
+from ..ir.sharding import coords_of, groups_of
 from ..passes.pipeline_split import PipelineStages, StagePrograms
 
 __all__ = ["PipelineRank", "bubble_formula", "schedule_class"]
@@ -99,6 +102,13 @@ class _StageRuntime:
         self.state = {k: state[k] for k in stage.state if k not in self.params}
         self.forwards = 0
         self.stash: list[tuple[int, dict[str, torch.Tensor]]] = []
+        self.grads: dict[str, torch.Tensor] = {}  # gradient name -> sum over micro-batches
+
+    def accumulate(self, outs: Mapping[str, torch.Tensor]) -> None:
+        """Add a micro-batch's parameter gradients: ((g0 + g1) + g2) + ..., the step's order."""
+        for name in self.stage.param_grads:
+            prev = self.grads.get(name)
+            self.grads[name] = outs[name] if prev is None else prev + outs[name]
 
     def env(self, micro_batch: int) -> dict[str, torch.Tensor]:
         values = {k: p.detach() for k, p in self.params.items()}
@@ -154,11 +164,13 @@ class _StageFunction(torch.autograd.Function):
         act_grads = [next(sent) if f else None for f in ctx.floats]
         if ctx.zero_bubble:
             rt.stash.append((ctx.micro_batch, {**env, **outs}))
-            param_grads: list[torch.Tensor | None] = [None] * len(rt.params)
         else:
-            param_grads = [outs[name] for name in rt.stage.param_grads]
+            rt.accumulate(outs)
         del ctx.saved
-        return (None, None, *act_grads, *param_grads)
+        # parameter gradients are summed by the runtime (their per-rank shapes may differ from
+        # the parameters' shards: a tensor-parallel gradient is sliced in the update), not by
+        # autograd: the parameters are inputs here only so that every stage's backward runs
+        return (None, None, *act_grads, *([None] * len(rt.params)))
 
 
 def _loss_name(rt: _StageRuntime) -> str:
@@ -186,17 +198,20 @@ class _StageModule(nn.Module):
         _, env = rt.stash.pop()
 
         def run() -> None:
-            outs = rt.call("backward_weight", env)
-            for key, name in zip(rt.stage.grad_targets, rt.stage.param_grads, strict=True):
-                param = rt.params[key]
-                param.grad = outs[name] if param.grad is None else param.grad + outs[name]
+            rt.accumulate(rt.call("backward_weight", env))
 
         return run
 
 
 class PipelineRank:
-    """This process's stages of `stages` under torch.distributed.pipelining (the default
-    process group's ranks are the pipeline ranks: a mesh of the pipeline axis alone)."""
+    """This process's stages of `stages` under torch.distributed.pipelining.
+
+    Over a mesh of the pipeline axis alone the world's ranks are the pipeline ranks. Over a
+    mesh with other axes (`mesh`, the stages cut from a step spmd-partition made per-rank over
+    the other axes) each group of the pipeline axis runs its own pipeline, and the collectives
+    inside the stage programs (tensor-parallel all-reduces, data-parallel gradient all-reduces in
+    the update) run on `collectives` (a TorchCollectives over the whole mesh). Every rank must
+    construct it (process groups are created collectively)."""
 
     def __init__(
         self,
@@ -204,13 +219,34 @@ class PipelineRank:
         state: Mapping[str, torch.Tensor],
         batch_shapes: Mapping[str, torch.Tensor],
         *,
-        rank: int | None = None,
-        group: dist.ProcessGroup | None = None,
+        mesh: Mesh | None = None,
+        collectives: Any = None,
     ) -> None:
         from torch.distributed.pipelining import PipelineStage
 
         self.stages = stages
-        self.rank = dist.get_rank() if rank is None else rank
+        self.collectives = collectives
+        axis = stages.pipeline.axis
+        world = dist.get_rank()
+        group = None
+        self.rank = world
+        self.tied_groups: dict[str, Any] = {}
+        if mesh is not None and mesh.size > mesh.axis_size(axis):
+            self.rank = coords_of(mesh, world)[axis]
+            for ranks in groups_of(mesh, axis):  # every rank creates every group, in order
+                made = dist.new_group(ranks)
+                if world in ranks:
+                    group = made
+                for tied in stages.tied:
+                    holders = sorted({ranks[s % stages.ranks] for s in tied.stages})
+                    made = dist.new_group(holders) if len(holders) > 1 else None
+                    if world in holders:
+                        self.tied_groups[tied.name] = made
+        else:
+            for tied in stages.tied:
+                holders = sorted({s % stages.ranks for s in tied.stages})
+                made = dist.new_group(holders) if len(holders) > 1 else None
+                self.tied_groups[tied.name] = made
         self.timer = _Timer()
         pipeline = stages.pipeline
         self.zero_bubble = pipeline.schedule == "zero-bubble"
@@ -258,11 +294,6 @@ class PipelineRank:
             self.schedule = cls(torch_stages[0], stages.microbatches, **kwargs)
         else:
             self.schedule = cls(torch_stages, stages.microbatches, **kwargs)
-        self.tied_groups = {}
-        for tied in stages.tied:
-            ranks = sorted({s % stages.ranks for s in tied.stages})
-            group_ = dist.new_group(ranks) if len(ranks) > 1 else None
-            self.tied_groups[tied.name] = (ranks, group_)
 
     def step(
         self, batch: Mapping[str, torch.Tensor]
@@ -274,8 +305,7 @@ class PipelineRank:
         self.micro.update({name: [v[i::m] for i in range(m)] for name, v in batch.items()})
         for rt in self.runtimes:
             rt.forwards = 0
-            for p in rt.params.values():
-                p.grad = None
+            rt.grads = {}
         first = [_interleave(batch[name], m) for name in _first_names(self.stages)]
         losses: list[torch.Tensor] = []
         self.timer.busy = 0.0
@@ -283,7 +313,8 @@ class PipelineRank:
         # the last stage's loss is its module's output; the target the schedule insists on
         # handing the loss function is a placeholder, one row per micro-batch
         target = torch.zeros(m)
-        self.schedule.step(*first if self._holds(0) else (), target=target, losses=losses)
+        with self._collective_runtime():
+            self.schedule.step(*first if self._holds(0) else (), target=target, losses=losses)
         self.step_s = time.perf_counter() - start
         self.busy_s = self.timer.busy
         for rt in self.runtimes:
@@ -293,7 +324,8 @@ class PipelineRank:
                     fix="use one of the schedules portable names (Pipeline.schedule)",
                 )
         self._sum_tied()
-        outputs = self._update()
+        with self._collective_runtime():
+            outputs = self._update()
         loss = None
         if losses:
             loss = losses[0]
@@ -302,34 +334,36 @@ class PipelineRank:
             outputs[self.stages.loss_name] = loss.detach()
         return loss, outputs
 
+    def _collective_runtime(self) -> Any:
+        from ..opset.collectives import collective_runtime
+
+        if self.collectives is None:
+            return contextlib.nullcontext()
+        return collective_runtime(self.collectives)
+
     def _holds(self, index: int) -> bool:
         return any(rt.stage.index == index for rt in self.runtimes)
 
     def _sum_tied(self) -> None:
         for tied in self.stages.tied:
-            ranks, group = self.tied_groups[tied.name]
-            grads = [
-                rt.params[tied.target].grad
-                for rt in self.runtimes
-                if rt.stage.index in tied.stages and tied.target in rt.params
-            ]
-            if not grads:
+            group = self.tied_groups.get(tied.name)
+            held = [rt for rt in self.runtimes if tied.name in rt.grads]
+            if not held:
                 continue
-            total = grads[0].clone()
-            for g in grads[1:]:
-                total += g
+            total = held[0].grads[tied.name].clone()
+            for rt in held[1:]:
+                total += rt.grads[tied.name]
             if group is not None:
                 dist.all_reduce(total, group=group)
-            for rt in self.runtimes:
-                if tied.target in rt.params and rt.stage.index in tied.stages:
-                    rt.params[tied.target].grad = total
+            for rt in held:
+                rt.grads[tied.name] = total
 
     def _update(self) -> dict[str, torch.Tensor]:
         outputs: dict[str, torch.Tensor] = {}
         for rt in self.runtimes:
             env = {**rt.env(0)}
-            for key, name in zip(rt.stage.grad_targets, rt.stage.param_grads, strict=True):
-                env[f"acc:{name}"] = rt.params[key].grad
+            for name in rt.stage.param_grads:
+                env[f"acc:{name}"] = rt.grads[name]
             outs = rt.call("update", env)
             new = {
                 o.target: outs[o.name] for o in self.stages.outputs if o.name in outs and o.target

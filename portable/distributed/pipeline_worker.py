@@ -23,10 +23,11 @@ import torch.distributed as dist
 
 from ..errors import InputError
 from ..ir.program import Program, ProgramKind
+from ..ir.sharding import coords_of, rank_of, shard, unshard
 from ..ir.signature import InputKind
 from ..passes.pipeline_split import PipelineStages, split_stages
 from .pipeline import PipelineRank, bubble_formula
-from .runtime import collective
+from .runtime import TorchCollectives, collective
 
 __all__ = ["run_pipeline_rank"]
 
@@ -51,9 +52,16 @@ def run_pipeline_rank(
     with collective("joining the process group", timeout):
         dist.init_process_group(backend, timeout=timeout)
     stages = split_stages(program)
+    mesh = program.plan.mesh
+    assert mesh is not None  # a pipeline plan has its mesh
     state = _global(state_path, program, state=True)
     batch = _global(inputs_path, program, state=False)
-    runner = PipelineRank(stages, state, batch)
+    collectives = None
+    if program.spmd is not None:  # per-rank over the other axes: this rank's shards
+        collectives = TorchCollectives(mesh, timeout)
+        state = _local(program, state, state=True)
+        batch = _local(program, batch, state=False)
+    runner = PipelineRank(stages, state, batch, mesh=mesh, collectives=collectives)
     losses: list[torch.Tensor] = []
     bubbles: list[float] = []
     start = time.perf_counter()
@@ -70,8 +78,31 @@ def run_pipeline_rank(
         return _collect(program, stages, runner, losses, bubbles, steps, run_s)
 
 
+def _local(
+    program: Program, values: dict[str, torch.Tensor], *, state: bool
+) -> dict[str, torch.Tensor]:
+    """This rank's shards of GLOBAL values, by the per-rank layout over the other axes."""
+    layout = program.spmd
+    assert layout is not None
+    sub = sub_rank(program, dist.get_rank())
+    specs = program.signature.state_inputs if state else program.signature.user_inputs
+    out = {}
+    for spec in specs:
+        key = spec.key if state else spec.name
+        out[key] = shard(values[key], layout.input(spec.name).sharding, layout.mesh, sub)
+    return out
+
+
+def sub_rank(program: Program, rank: int) -> int:
+    """A rank's rank in the mesh of the other axes (its pipeline coordinate dropped)."""
+    assert program.plan.mesh is not None and program.spmd is not None
+    coords = coords_of(program.plan.mesh, rank)
+    return rank_of(program.spmd.mesh, {a: coords[a] for a in program.spmd.mesh.names})
+
+
 def _global(path: Path, program: Program, *, state: bool) -> dict[str, torch.Tensor]:
-    """GLOBAL state by weight key, or inputs by name (shapes checked against the signature)."""
+    """GLOBAL state by weight key, or inputs by name (shapes checked against the global
+    signature, or the per-rank layout's global shapes)."""
     sig = program.signature
     specs = sig.state_inputs if state else sig.user_inputs
     if state and not path.is_file():
@@ -85,10 +116,13 @@ def _global(path: Path, program: Program, *, state: bool) -> dict[str, torch.Ten
                 fix="write every input placeholder's GLOBAL value (launch.prepare does)",
             )
         value = tensors[spec.name]
-        if list(value.shape) != list(spec.spec.shape):
+        want = spec.spec.shape
+        if program.spmd is not None:
+            want = program.spmd.input(spec.name).global_shape
+        if list(value.shape) != list(want):
             raise InputError(
                 f"input `{spec.name}`: shape {list(value.shape)} in {path.name}, but the step "
-                f"was captured for {list(spec.spec.shape)}",
+                f"was captured for {list(want)}",
                 fix="pass the global value the program was captured with",
             )
         out[spec.key if state else spec.name] = value
@@ -105,17 +139,36 @@ def _collect(
     run_s: float,
 ) -> dict[str, Any]:
     rank, world = dist.get_rank(), dist.get_world_size()
-    holders = {r: {k for s in stages.stages_of_rank(r) for k in s.state} for r in range(world)}
+    holders = {
+        r: {k for s in stages.stages_of_rank(r) for k in s.state} for r in range(stages.ranks)
+    }
     held = runner.state()
     tensors: dict[str, torch.Tensor] = {}
+    mesh = program.plan.mesh
+    assert mesh is not None
+    axis = stages.pipeline.axis
     for spec in program.signature.state_inputs:
         if spec.kind is InputKind.CONSTANT:
             continue
         owner = min(r for r, keys in holders.items() if spec.key in keys)
-        value = _to_rank0(held.get(spec.key), owner, spec.spec.shape, spec.spec.dtype)
-        if value is not None:
-            tensors[spec.key] = value
+        shape, dtype = spec.spec.shape, spec.spec.dtype
+        if program.spmd is None:
+            value = _to_rank0(held.get(spec.key), owner, shape, dtype)
+            if value is not None:
+                tensors[spec.key] = value
+            continue
+        # the owner pipeline rank's shards over the other axes, in their rank order
+        ranks = [r for r in range(world) if coords_of(mesh, r)[axis] == owner]
+        ranks.sort(key=lambda r: sub_rank(program, r))
+        parts = [_to_rank0(held.get(spec.key), r, shape, dtype) for r in ranks]
+        if rank == 0:
+            layout = program.spmd
+            tensors[spec.key] = unshard(
+                [p for p in parts if p is not None], layout.input(spec.name).sharding, layout.mesh
+            )
     last = (len(stages.stages) - 1) % stages.ranks
+    if mesh.size > stages.ranks:  # the lowest rank of the last pipeline coordinate
+        last = min(r for r in range(world) if coords_of(mesh, r)[axis] == last)
     loss_values = _to_rank0(
         torch.stack(losses).float() if losses else None, last, (steps,), torch.float32
     )

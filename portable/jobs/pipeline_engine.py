@@ -47,6 +47,13 @@ class PipelineEngine:
                 fix="drop --eval-data, or evaluate the checkpoint under a plan without pipeline",
             )
         program = files.per_rank
+        if program.spmd is not None:
+            raise BackendError(
+                "portable train runs a pipeline over a mesh of its axis alone for now; this plan "
+                "also has " + ", ".join(program.spmd.mesh.names),
+                fix="train with Mesh({'pp': N}) and a pipeline, or run the combined plan with "
+                "portable run (PP x DP x TP runs there)",
+            )
         self.program = program
         self.device_kind = "cpu"
         self.lowering: dict[str, Any] = {}
@@ -61,7 +68,10 @@ class PipelineEngine:
         self.stages = split_stages(program)
         state = {s.key: program.weights[s.key] for s in program.signature.state_inputs}
         self.names = [i.name for i in program.signature.user_inputs]
-        example = {i.name: torch.zeros(i.spec.shape, dtype=i.spec.dtype) for i in program.signature.user_inputs}  # fmt: skip
+        example = {
+            i.name: torch.zeros(tuple(int(d) for d in i.spec.shape), dtype=i.spec.dtype)
+            for i in program.signature.user_inputs
+        }
         self.runner = PipelineRank(self.stages, state, example)
         self.compile_s = time.perf_counter() - start
         self.last_rank = (len(self.stages.stages) - 1) % self.stages.ranks

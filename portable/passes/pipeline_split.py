@@ -255,6 +255,7 @@ class _Splitter:
     # -- the template: micro-batch 0's ops -----------------------------------------------------
     def run(self) -> PipelineStages:
         nodes = [n for n in self.graph.nodes if n.op == "call_function"]
+        _tag_inserted(nodes)
         self.template = [
             n
             for n in nodes
@@ -295,6 +296,11 @@ class _Splitter:
         # micro-batch 0's loss under the sum ((l0 + l1) + l2) + ... of the micro-batch losses
         self.loss = _first_micro_batch(values[loss_spec.name])
         self.values = values
+        # what the loss reads is forward, whatever capture said: spmd-partition computes a mean
+        # loss as a global sum over a global count, and the count came from the backward
+        for node in _closure_up(self.loss, ()):
+            if node.op == "call_function" and node.meta.get(PHASE) == "backward":
+                node.meta[PHASE] = "forward"
 
     def _refuse_forward_state_updates(self) -> None:
         for out in self.sig.outputs_of(OutputKind.UPDATED_STATE, OutputKind.UPDATED_INPUT):
@@ -352,7 +358,7 @@ class _Splitter:
                 costs[layer] += _flops(node)
             points = [layers[i] for i in balance(costs, self.n)[1:]]
         self.split_points = tuple(points)
-        positions = []
+        positions: list[int] = []
         for point in points:
             at = next((i for i, n in enumerate(forward) if _under(_module(n) or "", point)), None)
             if at is None:
@@ -513,9 +519,9 @@ class _Splitter:
         pairing = [self._pair(s, sends[s], grads_back[s]) for s in range(self.n)]
         tied = []
         for grad, leaves in self.parts.items():
-            stages = tuple(sorted({self.stage[leaf] for leaf in leaves}))
+            holders = tuple(sorted({self.stage[leaf] for leaf in leaves}))
             target = self.param_of.get(grad, grad.name)
-            tied.append(TiedGradient(grad.name, target, stages))
+            tied.append(TiedGradient(grad.name, target, holders))
         stages = [self._stage(s, stage_nodes[s], sends, pairing) for s in range(self.n)]
         owner = self._owners(stages)
         return PipelineStages(
@@ -608,7 +614,7 @@ class _Splitter:
             for act, grad in zip(sends[s - 1], pairing[s - 1], strict=True):
                 if grad is not None:
                     grads_sent.append((f"grad:{act.name}", grad))
-        param_grads = []
+        param_grads: list[tuple[str, torch.fx.Node | _SumOf]] = []
         for grad in self.grad_of.values():
             if grad in self.parts:
                 leaves = [leaf for leaf in self.parts[grad] if self.stage[leaf] == s]
@@ -870,6 +876,45 @@ def _ancestors(roots: Sequence[torch.fx.Node], within: set[torch.fx.Node]) -> se
         seen.add(n)
         todo.extend(a for a in n.all_input_nodes if a in within)
     return seen
+
+
+_COLLECTIVES = frozenset(
+    {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "wait", "local_shard"}
+)
+
+
+def _tag_inserted(nodes: list[torch.fx.Node]) -> None:
+    """Give ops a pass inserted without a phase (spmd-partition's collectives and waits, in a
+    per-rank step) one: those only the update reads belong to the update (a data-parallel
+    gradient all-reduce after accumulation), the others to the phase and micro-batch of the value
+    they carry (a tensor-parallel all-reduce of one micro-batch's activation or gradient)."""
+
+    def tag(node: torch.fx.Node, phase: str, micro_batch: int) -> None:
+        node.meta[PHASE], node.meta[MICRO_BATCH] = phase, micro_batch
+
+    order = {"forward": 0, "backward": 1, "optimizer": 2}
+    for node in reversed(nodes):
+        users = [u for u in node.users if u.op == "call_function"]
+        collective = (
+            str(node.target).startswith("portable.")
+            and str(node.target).split(".")[1] in _COLLECTIVES
+        )
+        if PHASE not in node.meta and users and collective:
+            if all(u.meta.get(PHASE) == "optimizer" for u in users):
+                tag(node, "optimizer", 0)
+    for node in nodes:
+        if PHASE not in node.meta:
+            tagged = [a for a in node.all_input_nodes if PHASE in a.meta]
+            if tagged:  # the latest of what it reads: an accumulation's micro-batch i
+                source = max(
+                    tagged, key=lambda a: (order[a.meta[PHASE]], a.meta.get(MICRO_BATCH, 0))
+                )
+                tag(node, source.meta[PHASE], source.meta.get(MICRO_BATCH, 0))
+    for node in reversed(nodes):
+        if PHASE not in node.meta:
+            user = next((u for u in node.users if PHASE in u.meta), None)
+            if user is not None:
+                tag(node, user.meta[PHASE], user.meta.get(MICRO_BATCH, 0))
 
 
 def _first_micro_batch(grad: torch.fx.Node) -> torch.fx.Node:

@@ -57,7 +57,7 @@ from .manifest import build_manifest
 from .options import NeuronOptions
 from .run import neuron_executable, spmd_of
 from .targets import DEFAULT_VARIANT, TARGETS, resolve_target
-from .validate import check_findings, validate_lowered
+from .validate import check_findings, validate, validate_lowered
 
 __all__ = ["NeuronBackend", "neuron_spmd_function"]
 
@@ -99,6 +99,11 @@ class NeuronBackend(Backend):
         return ok, "" if ok else f"{_NOT_HERE}: {why}"
 
     def lower(self, program: Program, target: Target) -> Lowered:
+        if program.plan.pipeline is not None:
+            # a pipelined training step: its stages, per-cut transfers and rank map (pipeline.py)
+            from .pipeline import lower_pipeline
+
+            return lower_pipeline(program, target, self.options).lowered
         self.check_program(program, target)
         ntarget = resolve_target(target.variant, self.options.topology)
         lowered_program, notes = program, []
@@ -129,6 +134,35 @@ class NeuronBackend(Backend):
             texts[REPORT_TEXT] = "\n".join(gemms) + "\n"
         payload = NeuronLowered(ntarget, self.options, tuple(records), layout)
         return Lowered(program, Target("neuron", ntarget.name), texts=texts, payload=payload)
+
+    def lower_with_layout(self, program: Program, target: Target, layout: Any) -> NeuronProgram:
+        """One HLO of `program` (a per-rank program, e.g. a pipeline stage's) whose collectives
+        list the replica groups of `layout` (collectives.RankLayout of the FULL mesh, which may
+        have axes the program does not use, such as pp), validated against that layout: the
+        groups must partition the world's ranks (errors raise)."""
+        self.check_program(program, target)
+        ntarget = resolve_target(target.variant, self.options.topology)
+        lowered_program, notes = program, []
+        if self.options.fp64 == "downcast":
+            lowered_program, changed = downcast_fp64(program)
+            notes = _fp64_findings(lowered_program, changed)
+        axes = rank_axes(lowered_program.graph)
+        record = self._lower_one(
+            program, lowered_program, ntarget, notes, ReplicaGroupCollectives(layout), axes
+        )
+        names = [s.name for s in record.program.signature.inputs]
+        kept = [names.index(i["name"]) for i in record.io_spec["inputs"] if i["role"] != "rank"]
+        found = validate(
+            record.module,
+            ntarget,
+            self.options,
+            program=record.program,
+            kept=kept,
+            ranks=layout,
+            rank_parameter=record.rank_parameter,
+        )
+        check_findings(found, program=program.name, target=f"neuron:{ntarget.name}")
+        return record
 
     def _lower_one(
         self,
@@ -222,6 +256,16 @@ class NeuronBackend(Backend):
         """The lowering run through JAX on the neuron devices here (run.py); BackendError
         naming the backends that run here when there are none."""
         from .. import get_backend, registry
+        from .pipeline import PipelineLowered
+
+        if isinstance(compiled.payload, PipelineLowered):
+            raise BackendError(
+                "a pipelined step lowers to one HLO per stage program and transfer; the neuron "
+                "backend does not run them as one executable",
+                fix="write them with portable.lower(step, 'neuron:<target>', DIR) and run them "
+                "on a Trn host in the manifest's pipeline.runtime_order, or here on XLA:CPU with "
+                "portable.backends.neuron.pipeline.run_pipeline_stand_in",
+            )
 
         try:
             devices = neuron_devices()

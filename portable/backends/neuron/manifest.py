@@ -131,6 +131,7 @@ def build_manifest(lowered: NeuronLowered, program: Program) -> dict[str, Any]:
         "programs": [_program(p, lowered.ranks) for p in lowered.programs],
         "collectives": _merged_collectives(lowered),
         **({"spmd": _spmd(lowered)} if lowered.ranks is not None else {}),
+        **({"pipeline": _pipeline(lowered)} if _pipeline(lowered) is not None else {}),
         **({"mx": mx} if mx else {}),
         "validation": {
             "checks": [check.__name__ for check in CHECKS],
@@ -200,12 +201,17 @@ def _spmd(lowered: NeuronLowered) -> dict[str, Any]:
     """The per-rank lowering: rank layout (NxD order) and placement, which program each rank
     runs, and the per-core memory estimate of each program."""
     layout = lowered.ranks
-    by_rank = {r: p.key for p in lowered.programs for r in (p.ranks or ())}
+    by_rank: dict[int, str] = {}
+    for p in lowered.programs:  # a pipelined rank runs several: its first (stage forward)
+        for r in p.ranks or ():
+            by_rank.setdefault(r, p.key)
     return {
         **layout.to_json(lowered.target),
         "program_of_rank": [by_rank[r] for r in range(layout.world_size)],
         "programs": len(lowered.programs),
-        "distinct_programs": "one HLO for every rank",
+        "distinct_programs": "one HLO for every rank"
+        if _pipeline(lowered) is None
+        else "one HLO per pipeline stage program and transfer (see pipeline)",
         "rank_input": f"programs whose collectives need the rank's coordinate on a mesh axis "
         f"(local_shard) take the NxD rank as their last parameter `{RANK_INPUT}` (int32 scalar, "
         "= the replica id of the executing core; neuronx-cc has no replica-id/partition-id) and "
@@ -217,6 +223,11 @@ def _spmd(lowered: NeuronLowered) -> dict[str, Any]:
             for p in lowered.programs
         },
     }
+
+
+def _pipeline(lowered: NeuronLowered) -> dict[str, Any] | None:
+    """The `pipeline` section of a pipelined step's lowering (pipeline.PipelineLowered)."""
+    return getattr(lowered, "pipeline", None)
 
 
 def _rank_input(prog: NeuronProgram, layout: Any) -> dict[str, Any] | None:

@@ -11,9 +11,12 @@ XLA, and the single-device XLA step is off by the same 1.1e-5). Those are compar
 2 * lr * steps.
 
 Default: GPT (4 layers, 4 micro-batches) under 1f1b at PP=2 (through `portable.compile`) and
-PP=4 and interleaved-1f1b at PP=2 x V=2, 2 steps. `@slow`: under PORTABLE_SLOW=full the
-acceptance matrix (GPT and Llama, 8 layers, M=8, 5 steps, PP=2 and 4 1f1b, PP=2 interleaved);
-otherwise a small Llama under zero-bubble.
+PP=4 and interleaved-1f1b at PP=2 x V=2, 2 steps; GPT (2 layers, 2 micro-batches, 2 steps) at
+PP x DP x TP = 2 x 2 x 2 with the tensor-parallel rules of tests/spmd_cases.py, through
+`portable.compile`. `@slow`: under PORTABLE_SLOW=full the acceptance matrices (GPT and Llama,
+8 layers, M=8, 5 steps: PP=2 and 4 1f1b, PP=2 interleaved; PP x DP x TP = 2 x 2 x 2 under 1f1b
+and interleaved-1f1b V=2); otherwise a small Llama under zero-bubble and a small Llama at
+2 x 2 x 2 under 1f1b.
 """
 
 from __future__ import annotations
@@ -31,7 +34,12 @@ from portable.runtime import StepResult
 
 pytest.importorskip("jax")
 
-from portable.backends.xla.pipeline import rank_order, run_pipeline_xla, timetable  # noqa: E402
+from portable.backends.xla.pipeline import (  # noqa: E402
+    pipeline_program,
+    rank_order,
+    run_pipeline_xla,
+    timetable,
+)
 from portable.passes.pipeline_split import split_stages  # noqa: E402
 
 FULL = os.environ.get("PORTABLE_SLOW") == "full"
@@ -147,12 +155,51 @@ def test_pipeline_matches_single_device(gpt4, pp, schedule, virtual):
     _compare(want, losses, state)
 
 
-def test_mesh_with_other_axes_is_refused(gpt4):
+def _combined(stem: str, microbatches: int, schedule: str = "1f1b", virtual: int = 1) -> Plan:
+    """PP x DP x TP = 2 x 2 x 2 with the tensor-parallel rules of tests/spmd_cases.py."""
+    from tests.spmd_cases import tp_rules
+
+    pipeline = Pipeline(microbatches=microbatches, schedule=schedule, virtual_stages=virtual)
+    mesh = Mesh({"pp": 2, "dp": 2, "tp": 2})
+    return Plan(mesh, rules=tp_rules(stem), batch_axes=("dp",), pipeline=pipeline)
+
+
+def _run_combined(step, batch, plan: Plan, steps: int):
+    """The step partitioned over dp x tp, cut into stages, run on the 8 devices."""
+    per_rank = pipeline_program(step.replace(plan=plan))
+    stages = split_stages(per_rank)
+    names = [i.name for i in step.signature.user_inputs]
+    outs, state = run_pipeline_xla(
+        stages, dict(step.weights), dict(zip(names, batch, strict=True)), steps, per_rank
+    )
+    return [o[stages.loss_name] for o in outs], state
+
+
+def test_pipeline_combines_with_data_and_tensor_parallelism():
+    """PP x DP x TP = 2 x 2 x 2 through `portable.compile`: global batch in, global state out;
+    the tensor-parallel all-reduces run inside the stage programs, the data-parallel gradient
+    all-reduces in the updates, the transfers over the pipeline axis."""
+    step, batch = _step("gpt", 2, 2)
+    want = _reference(step, batch, 2)
+    exe = portable.compile(step.replace(plan=_combined("gpt", 2)), backend="xla")
+    results = [exe(*batch) for _ in range(2)]
+    assert set(results[0].metrics) == {"lr"}
+    _compare(want, [r.loss for r in results], exe.state)
+    assert exe.fn.mesh.axis_names == ("pp", "dp", "tp")
+    hlo = exe.fn.lowered.as_text(dialect="hlo")
+    assert "collective-permute" in hlo and "all-reduce" in hlo
+
+
+def test_pipeline_with_an_fsdp_axis_is_refused(gpt4):
     step, _, _ = gpt4
-    plan = Plan(Mesh({"pp": 2, "dp": 2}), pipeline=Pipeline(microbatches=4))
-    with pytest.raises(PlanError, match="alone") as info:
+    plan = Plan(
+        Mesh({"pp": 2, "dp": 2}),
+        batch_axes=("dp",),
+        fsdp_axis="dp",
+        pipeline=Pipeline(microbatches=4),
+    )
+    with pytest.raises(PlanError, match="fsdp_axis"):
         portable.compile(step.replace(plan=plan), backend="xla")
-    assert "Mesh({'pp': 2})" in info.value.fix
 
 
 @pytest.mark.parametrize("schedule, virtual", [("1f1b", 1), ("interleaved-1f1b", 2), ("gpipe", 1)])
@@ -205,4 +252,31 @@ def test_acceptance_matrix():
         worst, clean = _compare(want, losses, state)
         print(
             f"{stem} pp={pp} {schedule} V={virtual}: max error {worst:.2e}, {clean:.2e} outside noise"
+        )
+
+
+@pytest.mark.slow
+def test_acceptance_with_data_and_tensor_parallelism():
+    """PORTABLE_SLOW=full: GPT and Llama, 8 layers, M=8, 5 AdamW steps at PP x DP x TP =
+    2 x 2 x 2, 1f1b and interleaved-1f1b (V=2); otherwise a small Llama under 1f1b."""
+    if FULL:
+        cases = [
+            (stem, 8, 8, 5, sched, v)
+            for stem in ("gpt", "llama")
+            for sched, v in (("1f1b", 1), ("interleaved-1f1b", 2))
+        ]
+    else:
+        cases = [("llama", 2, 2, 2, "1f1b", 1)]
+    captured: dict = {}
+    for stem, layers, m, steps, schedule, virtual in cases:
+        if stem not in captured:
+            step, batch = _step(stem, layers, m)
+            captured = {stem: (step, batch, _reference(step, batch, steps))}
+        step, batch, want = captured[stem]
+        plan = _combined(stem, m, schedule, virtual)
+        losses, state = _run_combined(step, batch, plan, steps)
+        worst, clean = _compare(want, losses, state)
+        print(
+            f"{stem} pp x dp x tp = 2 x 2 x 2 {schedule} V={virtual}: max error {worst:.2e}, "
+            f"{clean:.2e} outside noise"
         )

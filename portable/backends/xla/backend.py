@@ -3,8 +3,10 @@
 lower -> StableHLO and HLO text (inspectable); write -> an XLA executable (and the texts under
 out_dir); executable -> the portable Executable. A per-rank program (`Program.is_per_rank`: a
 layout over more than one rank) runs on mesh.size XLA devices under shard_map and takes and
-returns GLOBAL values (spmd.py). A training step whose plan has a pipeline over a mesh of that
-axis alone runs its stages on that many XLA devices as one SPMD program (pipeline.py).
+returns GLOBAL values (spmd.py). A training step whose plan has a pipeline runs its stages on
+mesh.size XLA devices as one SPMD program (pipeline.py): over a mesh with other axes (pp x dp x
+tp), the step is first partitioned over them and each device runs its stages' per-rank programs;
+it takes and returns GLOBAL values.
 Tensors cross between torch and JAX by DLPack (zero-copy on CPU). JAX is imported only when this
 backend is used.
 """
@@ -44,9 +46,9 @@ class XlaBackend(Backend):
         from .spmd import spmd_function
 
         if is_pipelined(program):
-            from .pipeline import PipelineFunction, pipeline_stages
+            from .pipeline import pipeline_function
 
-            stages = PipelineFunction(pipeline_stages(program))  # one program under shard_map
+            stages = pipeline_function(program)  # one program under shard_map over the mesh
             return Lowered(program, target, texts=lowered_texts(stages.lowered), payload=stages)
         if program.is_per_rank:
             # a per-rank program runs on mesh.size devices under shard_map (spmd.py); the texts

@@ -1,18 +1,33 @@
 """Pipelined training steps on XLA host devices: the stages of `split_stages` as ONE jitted SPMD
-program under `jax.shard_map` over a 1-D mesh named like the pipeline axis.
+program under `jax.shard_map` over the plan's mesh (its axes in mesh order).
 
-Contract: `run_pipeline_xla(stages, state, batch, steps)` runs `steps` steps (the same global
-batch each) on P = `stages.ranks` XLA devices and returns (each step's outputs by the step's
-output names, the final state by weight key), as `run_stages` (passes/pipeline_split.py) and the
-single-device step with the same accumulation compute them (micro-batch i = rows i::M).
-`portable.compile(step, backend="xla")` of a training step whose plan pipelines over a mesh of
-that axis alone gives a `PipelineExecutable` (global batch in, StepResult out, `exe.state`
-global). A mesh with other axes (pp x dp) is refused with a PlanError.
+Contract: `run_pipeline_xla(stages, state, batch, steps, step)` runs `steps` steps (the same
+global batch each) on the mesh's XLA devices and returns (each step's outputs by the step's
+output names, the final state by weight key), GLOBAL, as `run_stages` (passes/pipeline_split.py)
+and the single-device step with the same accumulation compute them (micro-batch i = rows i::M).
+`portable.compile(step, backend="xla")` of a training step whose plan has a pipeline gives a
+`PipelineExecutable` (global batch in, StepResult out, `exe.state` global).
 
-- placement: stage s on device s % P (interleaved, as torch.distributed.pipelining places virtual
-  stages). A device's state (its stages' weights and optimizer state; a weight two of its stages
-  share, once) is one flat buffer per dtype; the devices' buffers form a (P, width) array sharded
-  over the axis, donated and kept on the devices from step to step.
+- other axes (`pipeline_program`): over a mesh with axes besides the pipeline's (pp x dp x tp,
+  tensor-parallel rules, batch axes) the step is first partitioned by spmd-partition over them
+  (`pipeline_free(plan)`), then cut, as torch.distributed runs it
+  (`distributed.launch.per_rank_program`). The stage programs then have LOCAL shapes (the
+  per-rank layout `step.spmd` over the other axes) and hold portable collectives over those axes
+  (tensor-parallel all-reduces in forward and backward, data-parallel gradient all-reduces in the
+  update); they are traced with the collectives bound to the named mesh axes
+  (`NamedAxisCollectives`: psum, all_gather, ... over dp / tp). Device k is rank k of the whole
+  mesh (row-major): pipeline rank = its pp coordinate, its rank over the other axes = the rest.
+  The devices of one pipeline rank follow the same table entry, so the collectives of a stage
+  program run on all members of each dp / tp group together. A plan with an fsdp_axis is refused
+  (PlanError).
+- placement: stage s on pipeline rank s % P (interleaved, as torch.distributed.pipelining places
+  virtual stages). A device's state (its stages' weights and optimizer state, its LOCAL shards
+  over the other axes: `shard` by the per-rank layout's `Sharding`s; a weight two of its stages
+  share, once) is one flat buffer per dtype; the devices' buffers form a (devices, width) array
+  sharded over all mesh axes, donated and kept on the devices from step to step. The global
+  batch is laid out by the per-rank layout (split over dp, replicated over pp and tp; replicated
+  everywhere over a mesh of the pipeline axis alone); results are `unshard`ed from the devices
+  of the pipeline rank holding them.
 - timetable (`rank_order`, `timetable`): each rank works in the schedule's order: gpipe (all
   forwards, then all backwards), 1f1b (P - r - 1 warm-up forwards, then one forward one
   backward), interleaved-1f1b (Megatron's order over the virtual stages, rounds of P
@@ -23,13 +38,14 @@ global). A mesh with other axes (pp x dp) is refused with a PlanError.
   by tick and `axis_index`.
 - a tick (`lax.scan` over the ticks): each device `lax.switch`es to its table entry's stage
   program (lowering.jax_function) or idles; then activations move one rank forward and their
-  gradients one back by `lax.ppermute` (collective-permute; a ring when V > 1). Received values,
-  residuals and stashes wait in a row per (local stage, micro-batch): memory for all M
-  micro-batches, not 1f1b's P in flight. Every device's executable holds every stage's code.
+  gradients one back by `lax.ppermute` over the pipeline axis only (collective-permute; a ring
+  when V > 1). Received values, residuals and stashes wait in a row per (local stage,
+  micro-batch): memory for all M micro-batches, not 1f1b's P in flight. Every device's
+  executable holds every stage's code.
 - sums: a stage's backwards run in micro-batch order under every schedule here, so gradients are
   summed from zero in micro-batch order as the step's ((g0 + g1) + g2) ..., the loss likewise on
-  the last stage. A tied gradient's parts are all-gathered and summed in stage order by each
-  holder (not a psum, whose order is XLA's).
+  the last stage. A tied gradient's parts are all-gathered over the pipeline axis and summed in
+  stage order by each holder (not a psum, whose order is XLA's).
 - update: each device `lax.switch`es on its rank to its stages' update programs (state from
   before the step, the summed gradients); metrics and the loss come back in per-device output
   buffers, read from the stage that owns them (`stages.owner`).
@@ -56,6 +72,7 @@ from jax.sharding import PartitionSpec as P
 from portable.errors import BackendError, InputError, PlanError
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
+from portable.ir.sharding import Sharding, coords_of, rank_of, shard, unshard
 from portable.ir.signature import InputKind, OutputSpec, TensorSpec
 from portable.passes.pipeline_split import PipelineStages, split_stages
 from portable.runtime import Executable
@@ -64,11 +81,14 @@ from .backend import _row_major
 from .compiler import compile_lowered
 from .dtypes import to_jax
 from .lowering import jax_function
-from .spmd import jax_mesh, to_torch
+from .rules.portable_ops import NamedAxisCollectives
+from .spmd import jax_mesh, partition_spec, to_torch
 
 __all__ = [
     "PipelineExecutable",
     "PipelineFunction",
+    "pipeline_function",
+    "pipeline_program",
     "pipeline_stages",
     "rank_order",
     "run_pipeline_xla",
@@ -83,19 +103,33 @@ WRITES = {"out:": "act", "grad:": "grad", "res:": "res", "stash:": "stash"}
 READS = {"act:": "act", "grad:": "grad", "res:": "res", "stash:": "stash"}
 
 
-def pipeline_stages(program: Program) -> PipelineStages:
-    """The stages of a pipelined step; PlanError for a mesh with other axes."""
+def pipeline_program(program: Program) -> Program:
+    """The step whose stages run: `program` itself over a mesh of the pipeline axis alone; over
+    a mesh with other axes, the per-rank step spmd-partition makes over them, carrying the whole
+    plan (as torch.distributed runs it: `distributed.launch.per_rank_program`). PlanError for
+    what is not supported here (an FSDP axis)."""
     plan, pipeline = program.plan, program.plan.pipeline
     assert pipeline is not None and plan.mesh is not None  # Plan requires a mesh for a pipeline
-    others = [f"{n}({s})" for n, s in plan.mesh.axes if n != pipeline.axis and s > 1]
-    if others:
+    if plan.fsdp_axis is not None:
         raise PlanError(
-            f"the xla backend runs a pipeline over the mesh axis {pipeline.axis!r} alone; this "
-            f"mesh also has {', '.join(others)}",
-            fix=f"use Mesh({{{pipeline.axis!r}: {plan.mesh.axis_size(pipeline.axis)}}}) for a "
-            "pipelined step on xla (pipeline x data or tensor parallelism is not supported yet)",
+            f"the xla backend does not run a pipeline with fsdp_axis={plan.fsdp_axis!r}",
+            fix="drop fsdp_axis (keep the axis in batch_axes for data parallelism) for a "
+            "pipelined step on xla",
         )
-    return split_stages(program)
+    from portable.distributed.launch import per_rank_program
+
+    return per_rank_program(program)
+
+
+def pipeline_stages(program: Program) -> PipelineStages:
+    """The stages of a pipelined step (of its per-rank form over the other axes, if any)."""
+    return split_stages(pipeline_program(program))
+
+
+def pipeline_function(program: Program, devices: Sequence[Any] | None = None) -> PipelineFunction:
+    """The pipelined step `program` (GLOBAL signature) as a PipelineFunction."""
+    step = pipeline_program(program)
+    return PipelineFunction(split_stages(step), devices, step)
 
 
 # --- the timetable ----------------------------------------------------------------------------
@@ -235,16 +269,42 @@ class PipelineFunction:
     """The stages as one jitted shard_map over P devices: (state buffers, global batch) ->
     (updated state buffers, output buffers); `run` is the torch-facing form."""
 
-    def __init__(self, stages: PipelineStages, devices: Sequence[Any] | None = None) -> None:
+    def __init__(
+        self,
+        stages: PipelineStages,
+        devices: Sequence[Any] | None = None,
+        step: Program | None = None,
+    ) -> None:
         self.stages, self.p, self.n = stages, stages.ranks, len(stages.stages)
         self.v, self.m, self.axis = self.n // self.p, stages.microbatches, stages.pipeline.axis
         self.zero_bubble = stages.pipeline.schedule == "zero-bubble"
-        self.mesh = jax_mesh(Mesh({self.axis: self.p}), devices)
+        # `step`: the per-rank step over the other axes the stages were cut from (its layout
+        # shards state and batch), or None (or the step itself) over the pipeline axis alone
+        self.layout = step.spmd if step is not None and step.is_per_rank else None
+        self.full = Mesh({self.axis: self.p})
+        self._state_sharding: dict[str, Sharding] = {}
+        self._output_sharding: dict[str, Sharding] = {}
+        if step is not None and self.layout is not None:
+            assert step.plan.mesh is not None
+            self.full = step.plan.mesh
+            for i in step.signature.state_inputs:
+                self._state_sharding[i.key] = self.layout.input(i.name).sharding
+            for o in step.signature.outputs:
+                self._output_sharding[o.name] = self.layout.output(o.name).sharding
+        self.mesh = jax_mesh(self.full, devices)
+        # device k (rank k of the whole mesh): its pipeline rank and its rank over the others
+        coords = [coords_of(self.full, k) for k in range(self.full.size)]
+        self.pp_of = [c[self.axis] for c in coords]
+        sub = self.layout.mesh if self.layout is not None else Mesh({})
+        self.sub_of = [rank_of(sub, {a: c[a] for a in sub.names}) for c in coords]
         self.outputs = {o.name: o for o in stages.outputs}
         kinds = ("F", "I", "W") if self.zero_bubble else ("F", "B")
         parts = [PROGRAM[k] for k in kinds] + ["update"]
         self.programs = {(st.index, k): getattr(st, k) for st in stages.stages for k in parts}
-        self.fns = {key: jax_function(prog, "xla") for key, prog in self.programs.items()}
+        collectives = NamedAxisCollectives() if self.layout is not None else None
+        self.fns = {
+            key: jax_function(prog, "xla", collectives) for key, prog in self.programs.items()
+        }
         spec: dict[str, TensorSpec] = {}  # input label / output name -> its spec
         for prog in self.programs.values():
             labels = prog.metadata["pipeline"]["inputs"]
@@ -299,31 +359,63 @@ class PipelineFunction:
             (k, s): 1 + j * self.n + s for j, k in enumerate(kinds) for s in range(self.n)
         }
         self.table = self._table()
-        self.sharded = NamedSharding(self.mesh, P(self.axis))
-        self.replicated = NamedSharding(self.mesh, P())
+        rows = P(self.full.names)  # one row per device, rank-major over the whole mesh
+        self.sharded = NamedSharding(self.mesh, rows)
+        batch_specs = tuple(self._batch_spec(n) for n in self.batch_names)
+        self.batch_shardings = [NamedSharding(self.mesh, s) for s in batch_specs]
         body = jax.shard_map(
             self._body,
             mesh=self.mesh,
-            in_specs=(P(self.axis), P()),
-            out_specs=(P(self.axis), P(self.axis)),
+            in_specs=(rows, batch_specs),
+            out_specs=(rows, rows),
             check_vma=False,  # the tables make each device's work its own; nothing is replicated
         )
         state_args = {
-            d: jax.ShapeDtypeStruct((self.p, w), _jax_dtype(d), sharding=self.sharded)
+            d: jax.ShapeDtypeStruct((self.full.size, w), _jax_dtype(d), sharding=self.sharded)
             for d, w in self.widths["state"].items()
         }
         batch_args = tuple(
-            jax.ShapeDtypeStruct(
-                self._global(s), _jax_dtype(_name(s.dtype)), sharding=self.replicated
+            jax.ShapeDtypeStruct(self._global(n, s), _jax_dtype(_name(s.dtype)), sharding=sh)
+            for n, s, sh in zip(
+                self.batch_names, self.batch_specs, self.batch_shardings, strict=True
             )
-            for s in self.batch_specs
         )
         with jax.enable_x64(True):
             self.lowered = jax.jit(body, donate_argnums=(0,)).lower(state_args, batch_args)
             self.compiled = compile_lowered(self.lowered)
 
-    def _global(self, spec: TensorSpec) -> tuple[int, ...]:
+    def _global(self, name: str, spec: TensorSpec) -> tuple[int, ...]:
+        """The global shape of batch input `name` (its stage programs read a micro-batch)."""
+        if self.layout is not None:
+            return tuple(int(d) for d in self.layout.input(name).global_shape)
         return (int(spec.shape[0]) * self.m, *(int(d) for d in spec.shape[1:]))
+
+    def _batch_spec(self, name: str) -> Any:
+        if self.layout is None:
+            return P()
+        return partition_spec(self.layout.input(name).sharding)
+
+    def _sharding(self, key: str, *, output: bool = False) -> Sharding | None:
+        """The per-rank layout's Sharding of a state tensor (by weight key) or an output."""
+        if self.layout is None:
+            return None
+        return self._output_sharding[key] if output else self._state_sharding[key]
+
+    def _devices_of(self, r: int) -> list[int]:
+        """The devices of pipeline rank r, in rank order over the other axes."""
+        return sorted(
+            (k for k in range(self.full.size) if self.pp_of[k] == r), key=self.sub_of.__getitem__
+        )
+
+    def _local(self, value: torch.Tensor, sharding: Sharding | None, k: int) -> torch.Tensor:
+        if sharding is None or self.layout is None:
+            return value
+        return shard(value, sharding, self.layout.mesh, self.sub_of[k])
+
+    def _global_value(self, parts: list[torch.Tensor], sharding: Sharding | None) -> torch.Tensor:
+        if sharding is None or self.layout is None:
+            return parts[0]
+        return unshard(parts, sharding, self.layout.mesh)
 
     def _table(self) -> Any:
         """(ticks, 4, P) int32: per tick and rank the branch, the micro-batch, and the mailbox
@@ -488,41 +580,44 @@ class PipelineFunction:
     def put(
         self, state: Mapping[str, torch.Tensor], batch: Mapping[str, torch.Tensor]
     ) -> tuple[dict[str, Any], tuple[Any, ...]]:
-        """(the (P, width) state buffers over the devices, the batch replicated on them)."""
+        """GLOBAL state and batch -> (the (devices, width) state buffers, each device's row its
+        stages' state (their LOCAL shards over the other axes), the batch laid out by the
+        per-rank layout (replicated over a mesh of the pipeline axis alone))."""
         missing = [k for k in self.home if k not in state]
         if missing:
             raise InputError(
                 f"the pipelined step needs the state {missing[:4]}", fix="pass every weight key"
             )
         for name, spec in zip(self.batch_names, self.batch_specs, strict=True):
-            value, want = batch.get(name), self._global(spec)
+            value, want = batch.get(name), self._global(name, spec)
             if value is None or tuple(value.shape) != want or value.dtype != spec.dtype:
                 got = "nothing" if value is None else f"{value.dtype} {list(value.shape)}"
                 raise InputError(
                     f"batch input {name!r} of the pipelined step is {spec.dtype} {list(want)}, "
                     f"got {got}",
-                    fix=f"pass the global batch: {self.m} micro-batches of {list(spec.shape)}",
+                    fix=f"pass the global batch: {self.m} micro-batches of {list(spec.shape)} "
+                    "per rank",
                 )
         with jax.enable_x64(True):
-            rows = [
-                layout.pack(
-                    {
-                        k: jnp.from_dlpack(state[k].detach().reshape(-1).contiguous())
-                        for k in layout.slots
-                    },
-                    self.widths["state"],
-                )
-                for layout in self.state
-            ]
+            rows = []
+            for k in range(self.full.size):
+                layout = self.state[self.pp_of[k]]
+                values = {
+                    key: jnp.from_dlpack(
+                        self._local(state[key].detach(), self._sharding(key), k)
+                        .reshape(-1)
+                        .contiguous()
+                    )
+                    for key in layout.slots
+                }
+                rows.append(layout.pack(values, self.widths["state"]))
             buffers = {
                 d: jax.device_put(jnp.stack([row[d] for row in rows]), self.sharded)
                 for d in self.widths["state"]
             }
             arrays = tuple(
-                jax.device_put(
-                    jnp.from_dlpack(_row_major(batch[n])), self.replicated, may_alias=False
-                )
-                for n in self.batch_names
+                jax.device_put(jnp.from_dlpack(_row_major(batch[n])), sh, may_alias=False)
+                for n, sh in zip(self.batch_names, self.batch_shardings, strict=True)
             )
         return buffers, arrays
 
@@ -531,17 +626,24 @@ class PipelineFunction:
             return self.compiled(state, batch)
 
     def read(self, state: dict[str, Any], outs: dict[str, Any]) -> tuple[dict, dict]:
-        """(the step's outputs by name, the state by weight key) from the device buffers."""
+        """(the step's outputs by name, the state by weight key), GLOBAL, from the device
+        buffers (a value over the other axes: its shards on its pipeline rank's devices)."""
         host = {d: to_torch(x) for d, x in state.items()}
         host_outs = {d: to_torch(x) for d, x in outs.items()}
+
+        def value(layout: _Layout, flats: dict, r: int, name: str, sharding: Any) -> torch.Tensor:
+            parts = [
+                layout.get({d: x[k] for d, x in flats.items()}, name) for k in self._devices_of(r)
+            ]
+            return self._global_value(parts, sharding)
+
         values = {
-            name: layout.get({d: x[r] for d, x in host_outs.items()}, name)
+            name: value(layout, host_outs, r, name, self._sharding(name, output=True))
             for r, layout in enumerate(self.out)
             for name in layout.slots
         }
         new_state = {
-            k: self.state[r].get({d: x[r] for d, x in host.items()}, k)
-            for k, r in self.home.items()
+            k: value(self.state[r], host, r, k, self._sharding(k)) for k, r in self.home.items()
         }
         values.update(
             {o.name: new_state[o.key] for o in self.stages.outputs if o.aliases and o.target}
@@ -567,10 +669,13 @@ def run_pipeline_xla(
     state: dict[str, torch.Tensor],
     batch: dict[str, torch.Tensor],
     steps: int = 1,
+    step: Program | None = None,
 ) -> tuple[list[dict[str, torch.Tensor]], dict[str, torch.Tensor]]:
-    """`steps` pipelined steps on stages.ranks XLA host devices (the module docstring):
-    (each step's outputs by the step's output names, the final state by weight key)."""
-    return PipelineFunction(stages).run(state, batch, steps)
+    """`steps` pipelined steps on the mesh's XLA host devices (the module docstring): (each
+    step's outputs by the step's output names, the final state by weight key), GLOBAL. `step`:
+    the per-rank step over the other axes the stages were cut from (None: a mesh of the
+    pipeline axis alone)."""
+    return PipelineFunction(stages, step=step).run(state, batch, steps)
 
 
 class PipelineExecutable(Executable):

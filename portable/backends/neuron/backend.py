@@ -7,6 +7,8 @@ A per-rank program (`Program.is_per_rank`, mesh.size > 1) gives ONE HLO that eve
 collectives list replica groups of global ranks in NxD order, and a program that needs the rank's
 coordinate on an axis (local_shard) takes the NxD rank as a last int32 parameter, `rank_id`
 (collectives.py).
+A training step whose plan has a pipeline gives one HLO per stage program plus collective-permute
+transfer HLOs between stages, and a `pipeline` section in the manifest (pipeline.py).
 write(lowered, out_dir) -> the layout of layout.py and manifest.json
 compile(written, neuronx-cc, jobs) -> a NEFF and log per program, where neuronx-cc is installed
       (compile.py; `lower --compile`)

@@ -42,6 +42,18 @@ PP x DP / TP / CP with the plan's rules):
    copies do not interact) and the stage's own replicas' outputs are kept. On Trainium each rank
    loads only its own stage's NEFFs. Transfers run on world-size replicas too.
 
+`portable.lower(step, "neuron:<variant>", DIR)` of such a step goes through here (backend.py):
+the payload is a `PipelineLowered` (its `source` is the `PipelineNeuron`), written in the usual
+layout (programs/<key>/ per stage program and transfer), and `portable check` of the folder
+re-validates every one of them (zero errors for GPT at PP=4 and PP=4 x TP=2). Only the forward,
+backward and update programs are lowered: 1f1b and gpipe orders need nothing else; zero-bubble's
+backward_input / backward_weight split is not lowered yet (the stand-in runs the same sums).
+
+Only Trainium settles: that neuronx-cc accepts cross-replica collective-permutes in a NEFF that
+holds nothing else (and the 2-rank exchange of the tied gradient), that the runtime runs a
+transfer NEFF on exactly the ranks of its pairs while other ranks run other NEFFs, the NxD
+runtime's ordering of these NEFFs under a real 1f1b schedule, and speed.
+
 What the runtime does outside the HLO (documented, not lowered): summing a stage's parameter
 gradients over micro-batches (as `run_stages`, in micro-batch order), the loss summed over
 micro-batches on the last stage, and feeding the updated state back to the aliased inputs.

@@ -10,7 +10,7 @@ tests/test_xla_pipeline.py).
 
 Default: GPT (4 layers, M=4) at PP=4 lowered, written and run on the stand-in; PP=4 x TP=2 with
 tp_rules("gpt") lowered, written and validated. `@slow`: PP=4 x TP=2 run on the stand-in (8
-XLA:CPU replicas) for GPT, and under PORTABLE_SLOW=full also Llama at PP=4 x TP=2.
+XLA:CPU replicas) and PP=2 x V=2 interleaved for GPT; under PORTABLE_SLOW=full for Llama too.
 """
 
 from __future__ import annotations
@@ -194,13 +194,20 @@ def test_refusals_are_typed_with_a_fix(gpt4):
 
 
 @pytest.mark.slow
-def test_pp4_tp2_runs_on_the_stand_in():
+def test_pp4_tp2_and_interleaved_run_on_the_stand_in():
     """PP=4 x TP=2 stage HLOs (tp collectives over the full mesh) and transfers run on 8
-    XLA:CPU replicas; GPT, and under PORTABLE_SLOW=full Llama too."""
+    XLA:CPU replicas, and PP=2 x V=2 interleaved (transfers on a ring: stage 1 -> 2 goes from
+    rank 1 to rank 0); GPT, and under PORTABLE_SLOW=full Llama too."""
+    interleaved = Plan(
+        Mesh({"pp": 2}),
+        pipeline=Pipeline(microbatches=4, schedule="interleaved-1f1b", virtual_stages=2),
+    )
     for stem in ("gpt", "llama") if FULL else ("gpt",):
         step, batch = _step(stem, 4, 4)
         want = _reference(step, batch, 2)
-        pl = lower_pipeline(step.replace(plan=_pp_tp(stem)), "trn3")
-        losses, state = _run(pl, step, batch)
-        worst, clean = _compare(want, losses, state)
-        print(f"{stem} pp=4 x tp=2 on the stand-in: max error {worst:.2e}, {clean:.2e} clean")
+        for name, plan in (("pp=4 x tp=2", _pp_tp(stem)), ("pp=2 x v=2", interleaved)):
+            pl = lower_pipeline(step.replace(plan=plan), "trn3")
+            losses, state = _run(pl, step, batch)
+            worst, clean = _compare(want, losses, state)
+            print(f"{stem} {name} on the stand-in: max error {worst:.2e}, {clean:.2e} clean")
+        assert [t.pairs for t in pl.transfers[:4]] == [((0, 1),), ((1, 0),), ((1, 0),), ((0, 1),)]

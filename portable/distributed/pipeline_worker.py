@@ -17,7 +17,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import safetensors.torch
 import torch
 import torch.distributed as dist
 
@@ -101,32 +100,12 @@ def sub_rank(program: Program, rank: int) -> int:
 
 
 def _global(path: Path, program: Program, *, state: bool) -> dict[str, torch.Tensor]:
-    """GLOBAL state by weight key, or inputs by name (shapes checked against the global
-    signature, or the per-rank layout's global shapes)."""
-    sig = program.signature
-    specs = sig.state_inputs if state else sig.user_inputs
-    if state and not path.is_file():
-        return {s.key: program.weights[s.key] for s in specs}
-    tensors = safetensors.torch.load_file(path) if specs else {}
-    out = {}
-    for spec in specs:
-        if spec.name not in tensors:
-            raise InputError(
-                f"{path.name} has no value for input `{spec.name}`",
-                fix="write every input placeholder's GLOBAL value (launch.prepare does)",
-            )
-        value = tensors[spec.name]
-        want = spec.spec.shape
-        if program.spmd is not None:
-            want = program.spmd.input(spec.name).global_shape
-        if list(value.shape) != list(want):
-            raise InputError(
-                f"input `{spec.name}`: shape {list(value.shape)} in {path.name}, but the step "
-                f"was captured for {list(want)}",
-                fix="pass the global value the program was captured with",
-            )
-        out[spec.key if state else spec.name] = value
-    return out
+    """GLOBAL state by weight key, or inputs by name (worker.read_global's checks)."""
+    from .worker import read_global
+
+    values = read_global(path, program, state=state, layout=program.spmd)
+    specs = program.signature.state_inputs if state else program.signature.user_inputs
+    return {(s.key if state else s.name): values[s.name] for s in specs}
 
 
 def _collect(

@@ -45,6 +45,7 @@ import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
 from ..errors import ArchiveError, InputError, PortableError
+from ..ir.plan import Mesh
 from ..ir.program import Program, ProgramKind
 from ..ir.sharding import Sharding, shard, unshard
 from ..ir.signature import InputKind, OutputKind
@@ -170,13 +171,7 @@ def run_rank(
         assert results is not None
         at("write")
         doc = {
-            "format": OUTPUT_FORMAT,
-            "format_version": OUTPUT_FORMAT_VERSION,
-            "program": program.identity(),
-            "kind": program.kind.value,
-            "backend": backend,
-            "world_size": dist.get_world_size(),
-            "mesh": mesh.to_json(),
+            **_header(program, backend, mesh),
             "steps": steps if program.kind is ProgramKind.TRAINING_STEP else 1,
             **results.pop("doc"),
             "timings": {k: round(v, 4) for k, v in timings.items()},
@@ -219,13 +214,7 @@ def _run_pipeline(
         at("write")
         assert program.plan.mesh is not None  # a pipeline plan has its mesh
         doc = {
-            "format": OUTPUT_FORMAT,
-            "format_version": OUTPUT_FORMAT_VERSION,
-            "program": program.identity(),
-            "kind": program.kind.value,
-            "backend": backend,
-            "world_size": dist.get_world_size(),
-            "mesh": program.plan.mesh.to_json(),
+            **_header(program, backend, program.plan.mesh),
             "steps": steps,
             **results.pop("doc"),
         }
@@ -234,6 +223,19 @@ def _run_pipeline(
     at("done")
     with collective("the final barrier", timeout):
         dist.barrier()
+
+
+def _header(program: Program, backend: str, mesh: Mesh) -> dict[str, Any]:
+    """What results.json says first: its format, the program, the backend and the mesh."""
+    return {
+        "format": OUTPUT_FORMAT,
+        "format_version": OUTPUT_FORMAT_VERSION,
+        "program": program.identity(),
+        "kind": program.kind.value,
+        "backend": backend,
+        "world_size": dist.get_world_size(),
+        "mesh": mesh.to_json(),
+    }
 
 
 def _checked_layout(root: Path, program: Program) -> SpmdLayout:
@@ -301,17 +303,12 @@ def _layout(program: Program) -> SpmdLayout:
     return program.spmd
 
 
-def _local(
-    path: Path,
-    program: Program,
-    layout: SpmdLayout,
-    rank: int,
-    *,
-    state: bool,
-    device: torch.device,
+def read_global(
+    path: Path, program: Program, *, state: bool, layout: SpmdLayout | None = None
 ) -> dict[str, torch.Tensor]:
-    """This rank's local value of every state (or user) input: the GLOBAL value from `path`
-    sharded by the input's Sharding, checked against the global and local shapes."""
+    """The GLOBAL value of every state (or user) input by placeholder name: from `path` (a
+    safetensors file written by launch.prepare), or the archive's weights for state when there
+    is none; each checked against its global shape (the layout's, else the signature's)."""
     specs = program.signature.state_inputs if state else program.signature.user_inputs
     if state and not path.is_file():  # the archive's weights are the GLOBAL state
         tensors = {s.name: program.weights[s.key] for s in specs}
@@ -325,17 +322,33 @@ def _local(
                 fix="write every input placeholder's GLOBAL value (launch.prepare does)",
             )
         value = tensors[spec.name]
-        tensor = layout.input(spec.name)
-        want = list(tensor.global_shape)
+        want = list(layout.input(spec.name).global_shape if layout else spec.spec.shape)
         if list(value.shape) != want:
             raise InputError(
                 f"input `{spec.name}`: GLOBAL shape {list(value.shape)} in {path.name}, but the "
-                f"program was partitioned for {want}",
+                f"program expects {want}",
                 fix="pass the global value the program was captured with",
             )
-        local = shard(value, tensor.sharding, layout.mesh, rank)
-        out[spec.name] = local.to(device)
+        out[spec.name] = value
     return out
+
+
+def _local(
+    path: Path,
+    program: Program,
+    layout: SpmdLayout,
+    rank: int,
+    *,
+    state: bool,
+    device: torch.device,
+) -> dict[str, torch.Tensor]:
+    """This rank's local value of every state (or user) input: the GLOBAL value from `path`
+    sharded by the input's Sharding."""
+    values = read_global(path, program, state=state, layout=layout)
+    return {
+        name: shard(value, layout.input(name).sharding, layout.mesh, rank).to(device)
+        for name, value in values.items()
+    }
 
 
 def _executable(

@@ -27,18 +27,18 @@ of them; each computes its part of the gradient and the parts are summed across 
 (`TiedGradient`) before the identical updates, as Megatron all-reduces tied embedding gradients
 between the first and last stage. The schedule itself is not this pass's business: engines run
 these programs under torch.distributed.pipelining's schedules (portable/distributed/pipeline.py),
-and `run_stages` runs them in one process in micro-batch order, as the reference.
+and `run_stages` (pipeline_reference.py) runs them in one process in micro-batch order, as
+the reference.
 """
 
 from __future__ import annotations
 
 import bisect
 import dataclasses
-import math
 import operator
 import re
 import typing
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.fx
@@ -49,8 +49,25 @@ from ..ir.program import Program, ProgramKind
 from ..ir.signature import InputKind, InputSpec, OutputKind, OutputSpec, Signature, TensorSpec
 from ..ir.source import SourceLoc
 from ..recipe import recipe_of
+from .pipeline_balance import balance, flops, layer_modules, tensor_of
+from .pipeline_graph import (
+    ancestors,
+    closure_up,
+    first_micro_batch,
+    sum_leaves,
+    sum_nodes,
+    tag_inserted,
+)
 
-__all__ = ["PipelineStages", "StagePrograms", "TiedGradient", "run_stages", "split_stages"]
+__all__ = [
+    "PipelineStages",
+    "StagePrograms",
+    "TiedGradient",
+    "balance",
+    "layer_modules",
+    "run_stages",
+    "split_stages",
+]
 
 aten = torch.ops.aten
 
@@ -153,6 +170,8 @@ def split_stages(program: Program) -> PipelineStages:
             fix=f"capture with Recipe(accumulate={pipeline.microbatches}) (the single-device "
             "program with the same accumulation)",
         )
+    # a copy: the split re-tags the phases of ops an earlier pass inserted
+    program = program.replace()
     return _Splitter(program, pipeline, n_stages, plan.mesh.axis_size(pipeline.axis)).run()
 
 
@@ -170,76 +189,6 @@ def _where(node: torch.fx.Node) -> str:
     return f"{node.target} ({node.name}) at {where}"
 
 
-_LAYER = re.compile(r"(.*?\.?[A-Za-z_]\w*)\.(\d+)(?:\.|$)")
-
-
-def layer_modules(modules: Sequence[str]) -> list[str]:
-    """The model's repeated layers in forward order (`blocks.0`, `blocks.1`, ...): the children
-    of the module list with the most numbered children among `modules`."""
-    children: dict[str, list[str]] = {}
-    for path in modules:
-        match = _LAYER.match(path)
-        if match:
-            layer = f"{match.group(1)}.{match.group(2)}"
-            seen = children.setdefault(match.group(1), [])
-            if layer not in seen:
-                seen.append(layer)
-    if not children:
-        return []
-    return max(children.values(), key=len)
-
-
-def _tensor(node: torch.fx.Node) -> TensorSpec | None:
-    """A node's static shape and dtype (None for a tuple-valued op)."""
-    spec = node.meta.get("tensor")
-    if isinstance(spec, TensorSpec):
-        return spec
-    val = node.meta.get("val")
-    return TensorSpec.of(val) if isinstance(val, torch.Tensor) else None
-
-
-def _numel(spec: TensorSpec) -> int:
-    return math.prod(d if isinstance(d, int) else 1 for d in spec.shape)
-
-
-def _flops(node: torch.fx.Node) -> float:
-    """A node's counted work: 2mnk for a matmul, else its output's elements."""
-    out = _tensor(node)
-    if out is None:
-        return 0.0
-    if node.target in (aten.mm.default, aten.bmm.default, aten.addmm.default):
-        a = _tensor(typing.cast(torch.fx.Node, node.args[-2]))
-        if a is not None and isinstance(a.shape[-1], int):
-            return 2.0 * _numel(out) * a.shape[-1]
-    return float(_numel(out))
-
-
-def balance(costs: Sequence[float], parts: int) -> list[int]:
-    """Start indices of `parts` contiguous groups of `costs` minimizing the largest group's sum
-    (group 0 starts at 0)."""
-    n = len(costs)
-    if parts > n:
-        raise PlanError(f"{parts} stages need at least {parts} layers; the model has {n}")
-    prefix = [0.0]
-    for c in costs:
-        prefix.append(prefix[-1] + c)
-    inf = math.inf
-    best = [[inf] * (n + 1) for _ in range(parts + 1)]
-    cut = [[0] * (n + 1) for _ in range(parts + 1)]
-    best[0][0] = 0.0
-    for k in range(1, parts + 1):
-        for j in range(k, n + 1):
-            for i in range(k - 1, j):
-                value = max(best[k - 1][i], prefix[j] - prefix[i])
-                if value < best[k][j]:
-                    best[k][j], cut[k][j] = value, i
-    starts, j = [], n
-    for k in range(parts, 0, -1):
-        j = cut[k][j]
-        starts.append(j)
-    return starts[::-1]
-
-
 class _Splitter:
     def __init__(self, program: Program, pipeline: Pipeline, n_stages: int, ranks: int) -> None:
         self.program = program
@@ -255,7 +204,7 @@ class _Splitter:
     # -- the template: micro-batch 0's ops -----------------------------------------------------
     def run(self) -> PipelineStages:
         nodes = [n for n in self.graph.nodes if n.op == "call_function"]
-        _tag_inserted(nodes)
+        tag_inserted(nodes)
         self.template = [
             n
             for n in nodes
@@ -294,11 +243,11 @@ class _Splitter:
         outs = typing.cast(tuple[torch.fx.Node, ...], self.graph.output_node().args[0])
         values = dict(zip((o.name for o in self.sig.outputs), outs, strict=True))
         # micro-batch 0's loss under the sum ((l0 + l1) + l2) + ... of the micro-batch losses
-        self.loss = _first_micro_batch(values[loss_spec.name])
+        self.loss = first_micro_batch(values[loss_spec.name])
         self.values = values
         # what the loss reads is forward, whatever capture said: spmd-partition computes a mean
         # loss as a global sum over a global count, and the count came from the backward
-        for node in _closure_up(self.loss, ()):
+        for node in closure_up(self.loss, ()):
             if node.op == "call_function" and node.meta.get(PHASE) == "backward":
                 node.meta[PHASE] = "forward"
 
@@ -355,7 +304,7 @@ class _Splitter:
                     layer = 0 if first_layer is None else len(layers) - 1
                 else:
                     first_layer = i if first_layer is None else first_layer
-                costs[layer] += _flops(node)
+                costs[layer] += flops(node)
             points = [layers[i] for i in balance(costs, self.n)[1:]]
         self.split_points = tuple(points)
         positions: list[int] = []
@@ -443,10 +392,10 @@ class _Splitter:
         for node in self.optimizer_nodes:
             for arg in node.all_input_nodes:
                 if arg.meta.get(PHASE) == "backward" and arg not in self.grad_of:
-                    self.grad_of[arg] = _first_micro_batch(arg)
+                    self.grad_of[arg] = first_micro_batch(arg)
         self.param_of: dict[torch.fx.Node, str] = {}  # template gradient -> weight key
         for out in self.sig.outputs_of(OutputKind.UPDATED_PARAMETER):
-            finals = _closure_up(self.values[out.name], set(self.grad_of)) & set(self.grad_of)
+            finals = closure_up(self.values[out.name], set(self.grad_of)) & set(self.grad_of)
             for final in finals:
                 self.param_of[self.grad_of[final]] = out.key
         self.parts: dict[torch.fx.Node, list[torch.fx.Node]] = {}
@@ -455,10 +404,10 @@ class _Splitter:
             if len(stages) == 1 and grad in self.stage:
                 self.stage[grad] = min(stages)  # a gradient is computed where its parameter is
                 continue
-            leaves = _sum_leaves(grad, self.stage)
+            leaves = sum_leaves(grad, self.stage)
             if len({self.stage[leaf] for leaf in leaves}) > 1:
                 self.parts[grad] = leaves
-                for node in _sum_nodes(grad, self.stage):
+                for node in sum_nodes(grad, self.stage):
                     self.live.remove(node)
                     del self.stage[node]
 
@@ -475,7 +424,7 @@ class _Splitter:
                 a in self.stage and a.meta[PHASE] == "forward" for a in node.all_input_nodes
             )
             staged = [a for a in node.all_input_nodes if a in self.stage]
-            single = len(staged) == 1 and _tensor(staged[0]) is not None
+            single = len(staged) == 1 and tensor_of(staged[0]) is not None
             if users and max(users) < self.stage[node] and not reads_fwd and single:
                 self.stage[node] = max(users)
 
@@ -545,12 +494,12 @@ class _Splitter:
         pairs: list[torch.fx.Node | None] = []
         left = list(back)
         for act in sent:
-            val = _tensor(act)
+            val = tensor_of(act)
             assert val is not None  # a tuple-valued op is never sent: its elements are
             if not val.dtype.is_floating_point:
                 pairs.append(None)
                 continue
-            same = [g for g in left if _tensor(g) == val]
+            same = [g for g in left if tensor_of(g) == val]
             if len(same) != 1 and not (same and len(sent) == 1):
                 raise PlanError(
                     f"cannot tell which gradient comes back for activation {_where(act)} "
@@ -666,7 +615,7 @@ class _Splitter:
     ) -> tuple[Program, Program]:
         """(input-gradient program, weight-gradient program): the first computes what the
         previous stage waits for and stashes what the second needs."""
-        needed_in = _ancestors([v for _, v in grads_sent], set(bwd))
+        needed_in = ancestors([v for _, v in grads_sent], set(bwd))
         needed_in |= {n for n in bwd if n.target is operator.getitem and n.args[0] in needed_in}
         first = [n for n in bwd if n in needed_in]
         rest = [n for n in bwd if n not in needed_in]
@@ -703,7 +652,7 @@ class _Splitter:
                 continue  # refused earlier: forward-pass state updates
             grads = {
                 self.grad_of[a].name
-                for a in _closure_up(value, set(self.grad_of))
+                for a in closure_up(value, set(self.grad_of))
                 if a in self.grad_of
             }
             if grads and not grads <= grads_here:
@@ -719,7 +668,7 @@ class _Splitter:
             if grads or out.kind is OutputKind.METRIC or value.op != "placeholder":
                 outputs.append(out)
         inputs = {f: f"acc:{g.name}" for f, g in self.grad_of.items() if g.name in grads_here}
-        nodes = _ancestors([self.values[o.name] for o in outputs], set(self.optimizer_nodes))
+        nodes = ancestors([self.values[o.name] for o in outputs], set(self.optimizer_nodes))
         ordered = [n for n in self.optimizer_nodes if n in nodes]
         return self._program(
             f"stage{s}.update", ordered, inputs, [(o.name, self.values[o.name]) for o in outputs]
@@ -851,185 +800,10 @@ def _spec_of_meta(meta: dict[str, typing.Any]) -> TensorSpec:
     return TensorSpec.of(meta["val"])
 
 
-def _closure_up(node: torch.fx.Node, stop: Iterable[torch.fx.Node]) -> set[torch.fx.Node]:
-    """`node` and its ancestors, not looking past the nodes in `stop`."""
-    stop = set(stop)
-    seen: set[torch.fx.Node] = set()
-    todo = [node]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        if n not in stop or n is node:
-            todo.extend(n.all_input_nodes)
-    return seen
-
-
-def _ancestors(roots: Sequence[torch.fx.Node], within: set[torch.fx.Node]) -> set[torch.fx.Node]:
-    seen: set[torch.fx.Node] = set()
-    todo = [r for r in roots if r in within]
-    while todo:
-        n = todo.pop()
-        if n in seen:
-            continue
-        seen.add(n)
-        todo.extend(a for a in n.all_input_nodes if a in within)
-    return seen
-
-
-_COLLECTIVES = frozenset(
-    {"all_reduce", "all_gather", "reduce_scatter", "all_to_all", "wait", "local_shard"}
-)
-
-
-def _tag_inserted(nodes: list[torch.fx.Node]) -> None:
-    """Give ops a pass inserted without a phase (spmd-partition's collectives and waits, in a
-    per-rank step) one: those only the update reads belong to the update (a data-parallel
-    gradient all-reduce after accumulation), the others to the phase and micro-batch of the value
-    they carry (a tensor-parallel all-reduce of one micro-batch's activation or gradient)."""
-
-    def tag(node: torch.fx.Node, phase: str, micro_batch: int) -> None:
-        node.meta[PHASE], node.meta[MICRO_BATCH] = phase, micro_batch
-
-    order = {"forward": 0, "backward": 1, "optimizer": 2}
-    for node in reversed(nodes):
-        users = [u for u in node.users if u.op == "call_function"]
-        collective = (
-            str(node.target).startswith("portable.")
-            and str(node.target).split(".")[1] in _COLLECTIVES
-        )
-        if PHASE not in node.meta and users and collective:
-            if all(u.meta.get(PHASE) == "optimizer" for u in users):
-                tag(node, "optimizer", 0)
-    for node in nodes:
-        if PHASE not in node.meta:
-            tagged = [a for a in node.all_input_nodes if PHASE in a.meta]
-            if tagged:  # the latest of what it reads: an accumulation's micro-batch i
-                source = max(
-                    tagged, key=lambda a: (order[a.meta[PHASE]], a.meta.get(MICRO_BATCH, 0))
-                )
-                tag(node, source.meta[PHASE], source.meta.get(MICRO_BATCH, 0))
-    for node in reversed(nodes):
-        if PHASE not in node.meta:
-            user = next((u for u in node.users if PHASE in u.meta), None)
-            if user is not None:
-                tag(node, user.meta[PHASE], user.meta.get(MICRO_BATCH, 0))
-
-
-def _first_micro_batch(grad: torch.fx.Node) -> torch.fx.Node:
-    """Micro-batch 0's value under the accumulation chain `((g0 + g1) + g2) + ...` (a gradient,
-    or the loss)."""
-    while (
-        grad.target is aten.add.Tensor
-        and grad.meta.get(MICRO_BATCH, 0) >= 1
-        and isinstance(grad.args[0], torch.fx.Node)
-        and grad.args[0].meta.get(MICRO_BATCH, 0) < grad.meta[MICRO_BATCH]
-    ):
-        grad = grad.args[0]
-    return grad
-
-
-def _sum_leaves(grad: torch.fx.Node, stage: dict[torch.fx.Node, int]) -> list[torch.fx.Node]:
-    """The parts of a gradient that is a sum of parts from different stages."""
-    if grad.target is aten.add.Tensor and len(grad.args) == 2:
-        a, b = grad.args
-        if isinstance(a, torch.fx.Node) and isinstance(b, torch.fx.Node):
-            if a in stage and b in stage and _stages(a, stage) != _stages(b, stage):
-                return _sum_leaves(a, stage) + _sum_leaves(b, stage)
-    return [grad]
-
-
-def _stages(node: torch.fx.Node, stage: dict[torch.fx.Node, int]) -> set[int]:
-    return {stage[leaf] for leaf in _sum_leaves(node, stage)} if node in stage else set()
-
-
-def _sum_nodes(grad: torch.fx.Node, stage: dict[torch.fx.Node, int]) -> list[torch.fx.Node]:
-    leaves = set(_sum_leaves(grad, stage))
-    out, todo = [], [grad]
-    while todo:
-        n = todo.pop()
-        if n in leaves:
-            continue
-        out.append(n)
-        todo.extend(a for a in n.args if isinstance(a, torch.fx.Node))
-    return out
-
-
-# --- the reference run ---------------------------------------------------------------------
-
-
 def run_stages(
     stages: PipelineStages, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
 ) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One step in this process, micro-batch after micro-batch: `(outputs by the step's output
-    names, the new state by weight key)`. `state` holds every weight key; `batch` the GLOBAL
-    batch by input name (micro-batch i is rows i, i+M, ..., as the step's own)."""
-    from ..api import compile as compile_program
+    """One step of every stage in this process (pipeline_reference.run_stages)."""
+    from .pipeline_reference import run_stages as run
 
-    m = stages.microbatches
-    micro = {name: _micro_batches(value, m) for name, value in batch.items()}
-    run = {
-        (s.index, part): compile_program(getattr(s, part), backend="cpu")
-        for s in stages.stages
-        for part in ("forward", "backward", "update")
-    }
-    saved: dict[tuple[int, int], dict[str, torch.Tensor]] = {}
-    losses = []
-    for i in range(m):
-        carried: dict[str, torch.Tensor] = {}
-        for stage in stages.stages:
-            env = {**state, **{k: v[i] for k, v in micro.items()}, **carried}
-            outs = _call(run[stage.index, "forward"], stage.forward, env)
-            carried = {
-                "act:" + k.removeprefix("out:"): v for k, v in outs.items() if k.startswith("out:")
-            }
-            saved[stage.index, i] = outs
-            if stage.index == len(stages.stages) - 1:
-                losses.append(outs[stages.loss_name])
-    summed: dict[str, torch.Tensor] = {}
-    for i in range(m):
-        grads: dict[str, torch.Tensor] = {}
-        for stage in reversed(stages.stages):
-            env = {**state, **{k: v[i] for k, v in micro.items()}, **saved[stage.index, i]}
-            env.update(grads)
-            outs = _call(run[stage.index, "backward"], stage.backward, env)
-            grads = {k: v for k, v in outs.items() if k in stage.grads_sent}
-            for name in stage.param_grads:
-                key = (stage.index, name)
-                prev = summed.get(f"{key}")
-                summed[f"{key}"] = outs[name] if prev is None else prev + outs[name]
-    for tied in stages.tied:
-        total = sum(summed[f"{(s, tied.name)}"] for s in tied.stages)
-        for s in tied.stages:
-            summed[f"{(s, tied.name)}"] = typing.cast(torch.Tensor, total)
-    outputs: dict[str, torch.Tensor] = {}
-    total_loss = losses[0]
-    for loss in losses[1:]:
-        total_loss = total_loss + loss
-    outputs[stages.loss_name] = total_loss
-    for stage in stages.stages:
-        env = dict(state)
-        env.update({f"acc:{name}": summed[f"{(stage.index, name)}"] for name in stage.param_grads})
-        outs = _call(run[stage.index, "update"], stage.update, env)
-        for name, value in outs.items():
-            outputs.setdefault(name, value)
-    new_state = dict(state)
-    for out in stages.outputs:
-        if out.aliases is not None and out.target is not None:
-            new_state[out.target] = outputs[out.name]
-    return outputs, new_state
-
-
-def _micro_batches(value: torch.Tensor, m: int) -> list[torch.Tensor]:
-    return [value[i::m] for i in range(m)]
-
-
-def _call(
-    exe: typing.Any, program: Program, env: dict[str, torch.Tensor]
-) -> dict[str, torch.Tensor]:
-    labels = program.metadata["pipeline"]["inputs"]
-    args = [env[labels[i.name]] for i in program.signature.inputs]
-    outs = exe(*args)
-    outs = outs if isinstance(outs, tuple) else (outs,)
-    return dict(zip((o.name for o in program.signature.outputs), outs, strict=True))
+    return run(stages, state, batch)

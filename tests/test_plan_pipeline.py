@@ -435,15 +435,15 @@ def test_falsy_wrong_types_are_refused(field, value):
 
 
 def test_spmd_partition_refuses_what_it_does_not_plan():
-    """Expert and context parallelism are vocabulary only: partitioning refuses them (and a
-    pipeline, which has its own pass) instead of running without them."""
+    """Expert parallelism is vocabulary only: partitioning refuses it (and a pipeline, which has
+    its own pass) instead of running without it. Context parallelism is partitioned
+    (tests/test_context_parallel.py)."""
     from portable.passes.spmd_partition import partition
 
     model = torch.nn.Sequential(torch.nn.Linear(4, 4))
     program = portable.capture(model, (torch.randn(2, 4),))
     for plan, named in (
         (Plan(Mesh({"ep": 2}), experts=Experts()), "experts"),
-        (Plan(Mesh({"cp": 2}), context_axis="cp"), "context_axis"),
         (Plan(Mesh({"pp": 2}), pipeline=Pipeline(microbatches=2)), "pipeline"),
     ):
         with pytest.raises(PlanError, match=named) as info:

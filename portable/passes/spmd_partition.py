@@ -25,7 +25,11 @@ Supported and tested: data parallelism (`batch_axes`), tensor parallelism (colum
 parallel presets), both together on a 2-D mesh, and FSDP (`fsdp_axis`), on the GPT, Llama and MLP
 examples' training steps and inference programs, and on stock Hugging Face Llama, Qwen2, Mistral,
 GPT-2 and BERT with SDPA attention (tests/test_spmd_hf.py). Ops without a rule run on full copies (correct,
-counted as `replicated-ops`).
+counted as `replicated-ops`). Context parallelism (`context_axis`, spmd/context.py): user inputs
+split on the sequence too, causal attention given an explicit mask first, flattened tokens kept
+in place (spmd/merges.py), keys and values all-gathered for attention, their gradients
+reduce-scattered (`_scatter_key_gradient`); tested on the GPT and Llama examples with cp and
+dp x cp (tests/test_context_parallel.py). Expert parallelism and pipelines are refused here.
 
 The per-rank program records its layout contract in `Program.spmd` (a `SpmdLayout`, see
 `portable/ir/spmd.py` and docs/parallelism.md): the mesh, every input's and output's
@@ -41,6 +45,7 @@ import dataclasses
 import functools
 import operator
 from collections import Counter
+from collections.abc import Sequence
 from typing import Any
 
 import torch
@@ -66,15 +71,21 @@ from portable.opset.bind import bind
 from portable.opset.table import CAST, PERMUTE, RESHAPE, ops_with
 
 from .base import Pass, PassReport, PassResult
+from .spmd.context import carried_merges, causal_masks, check_context_plan
 from .spmd.layouts import input_shardings
+from .spmd.merges import Merge
 from .spmd.redistribute import Redistributor
-from .spmd.rules import RULES, RuleContext, replicate_all
+from .spmd.rules import RULES, Decision, RuleContext, replicate_all
 from .spmd.rules.base import Key, ResultSharding, single
 
 __all__ = ["SpmdPartition", "partition"]
 
 aten = torch.ops.aten
 NAME = "spmd-partition"
+_ATTENTION_BACKWARD = (
+    torch.ops.portable.attention_backward.default,
+    torch.ops.portable.attention_backward.mask_grad,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +101,6 @@ class SpmdPartition(Pass):
             what
             for what, named in (
                 ("experts (expert parallelism)", plan.experts),
-                ("context_axis (context parallelism)", plan.context_axis),
                 ("pipeline (run it with split_stages / its engine)", plan.pipeline),
             )
             if named is not None
@@ -99,9 +109,9 @@ class SpmdPartition(Pass):
             raise PlanError(
                 f"the spmd-partition pass does not act on the plan's {', '.join(unplanned)}",
                 fix="drop it from the plan: a pipeline runs through passes/pipeline_split.py "
-                "(portable run / portable train); expert and context parallelism are not "
-                "implemented yet",
+                "(portable run / portable train); expert parallelism is not implemented yet",
             )
+        check_context_plan(plan)
         if plan.is_single_device:
             return PassResult(
                 program, self.report(False, notes=["single-device plan: nothing to do"])
@@ -148,10 +158,19 @@ class _Partitioner:
             self.red.dtype,
             program.plan.sequence_parallel,
             _parameter_values(self.graph, program),
+            program.plan.context_axis,
+            self.red.merged,
         )
 
     def run(self) -> PassResult:
         _mean_losses_as_sums(self.graph)
+        if self.ctx.context_axis is not None:
+            masked = causal_masks(self.graph)
+            if masked:
+                self.notes.append(
+                    "context parallelism: causal attention given an explicit mask of its "
+                    "local query rows: " + ", ".join(masked)
+                )
         _infer_meta(self.graph)
         shardings = input_shardings(self.out, self.notes)
         for node in list(self.graph.nodes):
@@ -175,12 +194,28 @@ class _Partitioner:
 
     # ------------------------------------------------------------------------ per node
 
-    def _record(self, node: torch.fx.Node, sharding: ResultSharding) -> None:
+    def _record(
+        self,
+        node: torch.fx.Node,
+        sharding: ResultSharding,
+        merged: Sequence[dict[int, Merge]] = (),
+    ) -> None:
+        """Record `node`'s sharding (its global shape and dtype from its spec) and the merged
+        dims of its result(s)."""
         self.red.sharding[node] = sharding
         meta = node.meta["tensor"]
         if isinstance(meta, TensorSpec):
             self.red.global_shape[node] = tuple(int(s) for s in meta.shape)
             self.red.dtype[node] = meta.dtype
+        if node.target is operator.getitem:
+            source, index = node.args
+            items = self.red.merged_items.get(source)  # type: ignore[arg-type]
+            if items and isinstance(index, int) and items[index]:
+                self.red.merged[node] = items[index]
+        elif isinstance(sharding, tuple) and any(merged):
+            self.red.merged_items[node] = tuple(merged)
+        elif merged and merged[0]:
+            self.red.merged[node] = merged[0]
 
     def _partition(self, node: torch.fx.Node) -> None:
         if node.target is aten.linalg_vector_norm.default and self._split_norm(node):
@@ -196,10 +231,11 @@ class _Partitioner:
         if decision.split_addmm:
             self._split_addmm(node)
             return
+        wanted, merged = self._merges(node, decision)
         for key, want in decision.inputs.items():
             arg = _input(node, key)
             if isinstance(arg, torch.fx.Node) and arg in self.red.sharding:
-                self._set_input(node, key, self.red.to(arg, want, node))
+                self._set_input(node, key, self.red.to(arg, want, node, wanted.get(key)))
         if decision.args:
             self.rewriter.set_args(node, decision.args)
         vocab_axis = decision.vocab_parallel
@@ -207,7 +243,61 @@ class _Partitioner:
             node = _masked_lookup(self.graph, node, vocab_axis, self.mesh.axis_size(vocab_axis))
             self.red.global_shape[node] = tuple(node.meta["tensor"].shape)
             self.red.dtype[node] = node.meta["tensor"].dtype
-        self._record(node, decision.output)
+        self._record(node, decision.output, merged)
+        self._scatter_key_gradient(node)
+
+    def _merges(
+        self, node: torch.fx.Node, decision: Decision
+    ) -> tuple[dict[Key, dict[int, Merge]], list[dict[int, Merge]]]:
+        """The merged dims (spmd/merges.py) `node`'s inputs must have and its results get: those
+        its inputs carry through the dims the rule keeps, and those the rule makes (a reshape)."""
+        inputs = []
+        for key, want in decision.inputs.items():
+            arg = _input(node, key)
+            if isinstance(arg, torch.fx.Node) and arg in self.red.global_shape:
+                shape = self.red.global_shape[arg]
+                inputs.append((key, shape, want, self.red.merged.get(arg, {})))
+        out, meta = decision.output, node.meta.get("tensor")
+        pairs: list[tuple[tuple[int, ...], Sharding] | None] = []
+        if isinstance(out, Sharding) and isinstance(meta, TensorSpec):
+            pairs.append((tuple(int(d) for d in meta.shape), out))
+        elif isinstance(out, tuple) and isinstance(meta, tuple):
+            for s, m in zip(out, meta, strict=True):
+                if isinstance(s, Sharding) and isinstance(m, TensorSpec):
+                    pairs.append((tuple(int(d) for d in m.shape), s))
+                else:
+                    pairs.append(None)
+        wanted, merged = carried_merges(inputs, pairs)
+        if decision.merged is not None and merged:
+            merged[0] = {**merged[0], **decision.merged}
+        elif decision.merged:
+            merged = [dict(decision.merged)]
+        return wanted, merged
+
+    def _scatter_key_gradient(self, node: torch.fx.Node) -> None:
+        """Context parallelism: dk and dv of a split-query attention are partial sums over the
+        context axis (every rank's queries reach every key): reduce-scatter them onto the
+        sequence at once, so what consumes them (the rotary backward, the projections' backward)
+        runs on this rank's tokens."""
+        axis = self.ctx.context_axis
+        if axis is None or node.target is not operator.getitem:
+            return
+        source, index = node.args
+        if getattr(source, "target", None) not in _ATTENTION_BACKWARD or index not in (1, 2):
+            return
+        have = self.red.sharding[node]
+        if not isinstance(have, Sharding) or have.partial_op(axis) != "sum" or have.dims[2]:
+            return
+        dims = have.dims[:2] + ((axis,),) + have.dims[3:]
+        want = Sharding(dims, tuple(p for p in have.partial if p[0] != axis))
+        try:
+            want.local_shape(self.red.global_shape[node], self.mesh)
+        except PlanError:
+            return  # the sequence does not divide: consumers reduce it as they need
+        users = list(node.users)
+        scattered = self.red.to(node, want, node.next)
+        for user in users:
+            user.replace_input_with(node, scattered)
 
     def _set_input(self, node: torch.fx.Node, key: Key, value: torch.fx.Node) -> None:
         """Pass `value` as `node`'s input `key` (an argument, or an element of a list one)."""

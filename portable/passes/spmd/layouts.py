@@ -5,7 +5,9 @@
   first dim that the axis divides (the axis goes minor-most, so gathering it gives back the
   tensor-parallel shard);
 - optimizer state: the sharding of the parameter it belongs to (the step counter: replicated);
-- user inputs: dim 0 split over `batch_axes` (or the plan's spec for their name);
+- user inputs: dim 0 split over `batch_axes` and, under context parallelism, dim 1 (the
+  sequence) of those with two or more dims over `context_axis` (or the plan's spec for their
+  name);
 - outputs: the loss replicated; an updated value the sharding of the input it replaces;
   inference outputs keep their natural split.
 """
@@ -105,6 +107,32 @@ def _user_input(
 ) -> Sharding:
     if plan.spec_for(spec.name) is not None:
         return _spec_sharding(plan, mesh, spec.name, shape)
+    batch = _batch_split(plan, mesh, spec, shape, micro_batches)
+    context = _context_split(plan, mesh, spec, shape)
+    if context is None:
+        return batch
+    return Sharding(batch.dims[:1] + ((context,),) + batch.dims[2:])
+
+
+def _context_split(plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...]) -> str | None:
+    """Context parallelism: the axis splitting dim 1 (the sequence) of a user input of two or
+    more dims, None for other inputs and plans."""
+    axis = plan.context_axis
+    if axis is None or len(shape) < 2:
+        return None
+    size = mesh.axis_size(axis)
+    if shape[1] % size:
+        raise PlanError(
+            f"{axis}({size}) does not divide input {spec.name} dim 1 ({shape[1]}): "
+            f"{shape[1]} % {size} = {shape[1] % size}",
+            fix=f"use a sequence length that is a multiple of {size}, or change the mesh",
+        )
+    return axis
+
+
+def _batch_split(
+    plan: Plan, mesh: Mesh, spec: InputSpec, shape: tuple[int, ...], micro_batches: int
+) -> Sharding:
     if not plan.batch_axes or not shape:
         return Sharding.replicated(len(shape))
     factor = 1

@@ -17,6 +17,8 @@ from portable.ir.plan import Mesh
 from portable.ir.sharding import Sharding
 from portable.opset.bind import bind
 
+from ..merges import Merge
+
 __all__ = [
     "RULES",
     "Decision",
@@ -53,18 +55,22 @@ class Decision:
     `args` replaces arguments by schema name (a reshape's sizes become the local sizes);
     `split_addmm` asks the walker to compute addmm as mm + add (its product is a partial sum);
     `vocab_parallel` names the axis of a vocabulary-parallel embedding (the walker's masked
-    lookup on this rank's rows)."""
+    lookup on this rank's rows); `merged` gives dims of the result that merge dims whose split
+    is not a contiguous chunk of the merged dim (`merges.py`: a reshape of context-parallel
+    tokens [B, T/cp] -> [B*T/cp])."""
 
     inputs: dict[Key, Sharding]
     output: ResultSharding
     args: dict[str, Any] = dataclasses.field(default_factory=dict)
     split_addmm: bool = False
     vocab_parallel: str | None = None
+    merged: dict[int, Merge] | None = None
 
 
 class RuleContext:
     """What rules read about the values computed so far: their shardings, global shapes and
-    dtypes (the walker's records), the mesh, and which values are parameters."""
+    dtypes (the walker's records), the mesh, which values are parameters, the plan's
+    sequence-parallel and context axes, and the merged dims of values (`merges.py`)."""
 
     def __init__(
         self,
@@ -74,9 +80,13 @@ class RuleContext:
         dtypes: Mapping[torch.fx.Node, torch.dtype],
         sequence_parallel: str | None = None,
         parameters: frozenset[torch.fx.Node] = frozenset(),
+        context_axis: str | None = None,
+        merges: Mapping[torch.fx.Node, Mapping[int, Merge]] | None = None,
     ) -> None:
         self.mesh = mesh
         self.sequence_parallel = sequence_parallel
+        self.context_axis = context_axis
+        self._merges = merges if merges is not None else {}
         self._parameters = parameters
         self._sharding = sharding
         self._shapes = shapes
@@ -101,6 +111,10 @@ class RuleContext:
 
     def numel(self, node: torch.fx.Node) -> int:
         return math.prod(self.shape(node))
+
+    def merges(self, node: torch.fx.Node) -> Mapping[int, Merge]:
+        """The merged dims of `node` whose rows are not a contiguous chunk (`merges.py`)."""
+        return self._merges.get(node, {})
 
     def is_parameter(self, node: torch.fx.Node) -> bool:
         """Whether `node` is a parameter or a view/cast of one (no activation flows into it)."""

@@ -13,6 +13,7 @@ from portable.ir.sharding import Sharding
 from portable.opset.bind import Bound, bind
 from portable.opset.table import RESHAPE, ops_with
 
+from ..merges import Merge, merge_of, unmerged_splits
 from .base import (
     Decision,
     Key,
@@ -93,10 +94,14 @@ def dim_groups(src: Sequence[int], dst: Sequence[int]) -> list[tuple[list[int], 
     return groups
 
 
-def _reshape(ctx: RuleContext, node: torch.fx.Node) -> tuple[Sharding, Sharding] | None:
-    """(required input, output) shardings of a reshape: a split dim stays split when it leads
-    its group of merged/split dims and the axes divide the output dim it maps to; other split
-    dims are gathered first. None when the dims do not group (then: full copies)."""
+def _reshape(
+    ctx: RuleContext, node: torch.fx.Node
+) -> tuple[Sharding, Sharding, dict[int, Merge]] | None:
+    """(required input, output, merged output dims) of a reshape: a split dim stays split when
+    it leads its group of merged/split dims and the axes divide the output dim it maps to; other
+    split dims are gathered first. Under context parallelism a group that the context axis
+    splits keeps every split (`_context_group`). None when the dims do not group (then: full
+    copies)."""
     x = bind(node).node("self")
     s, src, dst = ctx.sh(x), ctx.shape(x), tuple(node.meta["tensor"].shape)
     groups = dim_groups(src, dst)
@@ -104,7 +109,10 @@ def _reshape(ctx: RuleContext, node: torch.fx.Node) -> tuple[Sharding, Sharding]
         return None
     in_dims = [list(d) for d in s.dims]
     out_dims: list[tuple[str, ...]] = [() for _ in dst]
+    merged: dict[int, Merge] = {}
     for gi, gj in groups:
+        if _context_group(ctx, x, (src, dst), (gi, gj), in_dims, out_dims, merged):
+            continue
         lead_i = next((d for d in gi if src[d] != 1), None)
         lead_j = next((d for d in gj if dst[d] != 1), None)
         for d in gi:
@@ -115,9 +123,75 @@ def _reshape(ctx: RuleContext, node: torch.fx.Node) -> tuple[Sharding, Sharding]
                 out_dims[lead_j] = tuple(in_dims[d])
             else:
                 in_dims[d] = []
-    return Sharding(tuple(tuple(d) for d in in_dims), s.partial), Sharding(
-        tuple(out_dims), s.partial
+    return (
+        Sharding(tuple(tuple(d) for d in in_dims), s.partial),
+        Sharding(tuple(out_dims), s.partial),
+        merged,
     )
+
+
+def _context_group(
+    ctx: RuleContext,
+    x: torch.fx.Node,
+    shapes: tuple[Sequence[int], Sequence[int]],
+    group: tuple[list[int], list[int]],
+    in_dims: list[list[str]],
+    out_dims: list[tuple[str, ...]],
+    merged: dict[int, Merge],
+) -> bool:
+    """Decide one group of a reshape under context parallelism (False: the ordinary rule).
+
+    Tokens split over the context axis are merged with the batch ([B, T/cp, C] -> [B*T/cp, C])
+    without moving them: the merged dim is recorded as a `Merge` when its rows are not a
+    contiguous chunk; a merged dim is unmerged into the dims it was made of (the splits come
+    back), and a contiguous split is spread over the dims it is reshaped into. A group that
+    cannot keep its splits is gathered (the walker's redistributor unmerges first)."""
+    (src, dst), (gi, gj) = shapes, group
+    mesh, have = ctx.mesh, ctx.merges(x)
+    wide_i = [d for d in gi if src[d] != 1]
+    wide_j = [d for d in gj if dst[d] != 1]
+    merged_here = [d for d in gi if d in have]
+    if len(merged_here) > 1:  # not made by the pass (one merged dim per value): gather them
+        for dd in gi:
+            in_dims[dd] = []
+        return True
+    if merged_here:
+        (d,) = merged_here
+        m = have[d]
+        if wide_i == [d] and tuple(dst[j] for j in wide_j) == m.sizes:
+            for j, axes in zip(wide_j, m.splits, strict=True):
+                out_dims[j] = axes  # unmerged: each dim gets its own split back
+            return True
+        if wide_i == [d] and len(wide_j) == 1 and dst[wide_j[0]] == src[d]:
+            out_dims[wide_j[0]] = tuple(in_dims[d])  # the merged dim itself, moved
+            merged[wide_j[0]] = m
+            return True
+        for dd in gi:
+            in_dims[dd] = []
+        return True
+    axis = ctx.context_axis
+    if axis is None or not any(axis in in_dims[d] for d in gi):
+        return False
+    if len(wide_j) == 1:
+        axes, made = merge_of([src[d] for d in gi], [in_dims[d] for d in gi], mesh)
+        if made is not None and (merged or any(d not in gi for d in have)):
+            for dd in gi:  # one merged dim per value
+                in_dims[dd] = []
+            return True
+        out_dims[wide_j[0]] = axes
+        if made is not None:
+            merged[wide_j[0]] = made
+        return True
+    if len(wide_i) == 1:
+        (d,) = wide_i
+        splits = unmerged_splits(in_dims[d], [dst[j] for j in wide_j], mesh)
+        if splits is None:
+            in_dims[d] = []
+        else:
+            for j, axes in zip(wide_j, splits, strict=True):
+                out_dims[j] = axes
+        return True
+    return False
 
 
 def sizes_argument(bound: Bound) -> str:
@@ -131,9 +205,10 @@ def view(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     shardings = _reshape(ctx, node)
     if shardings is None:
         return replicate_all(ctx, node)
-    req, out = shardings
+    req, out, merged = shardings
     local = list(out.local_shape(node.meta["tensor"].shape, ctx.mesh))
-    return Decision({"self": req}, out, args={sizes_argument(bind(node)): local})
+    sizes = {sizes_argument(bind(node)): local}
+    return Decision({"self": req}, out, args=sizes, merged=merged)
 
 
 @rule(aten.unsqueeze.default, aten.squeeze.dim, aten.squeeze.dims, aten.squeeze.default)
@@ -142,7 +217,8 @@ def view_like(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     shardings = _reshape(ctx, node)
     if shardings is None:
         return replicate_all(ctx, node)
-    return Decision({"self": shardings[0]}, shardings[1])
+    req, out, merged = shardings
+    return Decision({"self": req}, out, merged=merged)
 
 
 @rule(aten.expand.default)

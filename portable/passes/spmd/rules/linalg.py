@@ -71,9 +71,12 @@ def _matmul(
         b_role = None if db is None else _role(db, nbatch, "k", "n")
         if a_role and b_role:
             # both split: they agree on the same batch dim, or on k (a partial sum); else
-            # conflict: gather the smaller operand along this axis
+            # conflict: gather the smaller operand along this axis. On the context axis two
+            # activations conflict in attention (q @ k^T, p @ v and their backward), where a
+            # holds this rank's queries: keys and values (b) are gathered, queries stay local
             agree = a_role[0] == b_role[0] and (a_role[0] != "batch" or da == db)
-            if not agree and a_big:
+            keys = axis == ctx.context_axis and not a_param and not b_param
+            if not agree and (keys or a_big):
                 b_role = None
             elif not agree:
                 a_role = None

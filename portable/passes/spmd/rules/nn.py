@@ -132,11 +132,18 @@ def rms_norm_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     return Decision(inputs, (s, dw))
 
 
-def _attention_sharding(ctx: RuleContext, q: torch.fx.Node, k: torch.fx.Node) -> Sharding:
-    """Batch (0) and head (1) dims may be split; sequence and head_dim stay whole. GQA: k/v have
-    fewer heads, so heads stay split only if that count divides too."""
+def _attention_sharding(
+    ctx: RuleContext, q: torch.fx.Node, k: torch.fx.Node, causal: bool
+) -> Sharding:
+    """Batch (0) and head (1) dims may be split; head_dim stays whole, and so does the sequence
+    except under context parallelism: q's tokens split over the context axis stay split (each
+    rank attends with its own queries to every key) unless the op's own causal mask, aligned
+    to the local rows, would be wrong (the pass gives causal attention an explicit mask first).
+    GQA: k/v have fewer heads, so heads stay split only if that count divides too."""
     s = drop_partial(ctx.sh(q))
-    s = unshard_dims(s, [2, 3])
+    axis = ctx.context_axis
+    local_queries = axis is not None and s.dims[2] == (axis,) and not causal
+    s = unshard_dims(s, [3] if local_queries else [2, 3])
     if s.dims[1]:
         factor = s.factor(ctx.mesh, 1)
         if ctx.shape(k)[1] % factor:
@@ -144,13 +151,30 @@ def _attention_sharding(ctx: RuleContext, q: torch.fx.Node, k: torch.fx.Node) ->
     return s
 
 
+def _kv_sharding(s: Sharding) -> Sharding:
+    """k and v split like q but for the sequence, which is whole: with q's tokens split over
+    the context axis, every rank gathers all keys and values (the all-gather form of context
+    parallelism)."""
+    return unshard_dims(s, [2])
+
+
+def _kv_gradient(s: Sharding) -> Sharding:
+    """dk and dv: each rank's queries contribute to every key's gradient, so with q's tokens
+    split they are partial sums over the context axis (the walker reduce-scatters them onto the
+    sequence)."""
+    kv = _kv_sharding(s)
+    return Sharding(kv.dims, tuple((a, "sum") for a in s.dims[2]))
+
+
 def _mask_sharding(
     ctx: RuleContext, mask: torch.fx.Node, s: Sharding, full: Sequence[int]
 ) -> Sharding:
+    """The mask, aligned from the right to [batch, heads, queries, keys], split like q where it
+    does not broadcast (keys whole)."""
     shape = ctx.shape(mask)
     off = len(full) - len(shape)
     dims = tuple(
-        s.dims[d + off] if (d + off < 2 and shape[d] == full[d + off]) else ()
+        s.dims[d + off] if (d + off < 3 and shape[d] == full[d + off]) else ()
         for d in range(len(shape))
     )
     return Sharding(dims)
@@ -160,8 +184,9 @@ def _mask_sharding(
 def attention(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     q, k, mask = bound.node("q"), bound.node("k"), bound.optional_node("mask")
-    s = _attention_sharding(ctx, q, k)
-    inputs: dict[Key, Sharding] = {"q": s, "k": s, "v": s}
+    s = _attention_sharding(ctx, q, k, bool(bound.is_causal))
+    kv = _kv_sharding(s)
+    inputs: dict[Key, Sharding] = {"q": s, "k": kv, "v": kv}
     if mask is not None:
         inputs["mask"] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     return Decision(inputs, s)
@@ -171,11 +196,12 @@ def attention(ctx: RuleContext, node: torch.fx.Node) -> Decision:
 def attention_backward(ctx: RuleContext, node: torch.fx.Node) -> Decision:
     bound = bind(node)
     q, k, mask = bound.node("q"), bound.node("k"), bound.optional_node("mask")
-    s = _attention_sharding(ctx, q, k)
-    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": s, "v": s}
+    s = _attention_sharding(ctx, q, k, bool(bound.is_causal))
+    kv = _kv_sharding(s)
+    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": kv, "v": kv}
     if mask is not None:
         inputs["mask"] = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
-    return Decision(inputs, (s, s, s))
+    return Decision(inputs, (s, _kv_gradient(s), _kv_gradient(s)))
 
 
 @rule(portable_ops.attention_backward.mask_grad)
@@ -184,12 +210,13 @@ def attention_backward_mask_grad(ctx: RuleContext, node: torch.fx.Node) -> Decis
     that split dims the mask broadcasts along (its gradient is summed over them)."""
     bound = bind(node)
     q, k, mask = bound.node("q"), bound.node("k"), bound.node("mask")
-    s = _attention_sharding(ctx, q, k)
+    s = _attention_sharding(ctx, q, k, bool(bound.is_causal))
+    kv = _kv_sharding(s)
     ms = _mask_sharding(ctx, mask, s, ctx.shape(q)[:3] + ctx.shape(k)[2:3])
     partial = tuple(sorted((a, "sum") for a in set(s.axes()) - set(ms.axes())))
     dmask = Sharding(ms.dims, partial)
-    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": s, "v": s, "mask": ms}
-    return Decision(inputs, (s, s, s, dmask))
+    inputs: dict[Key, Sharding] = {"grad": s, "q": s, "k": kv, "v": kv, "mask": ms}
+    return Decision(inputs, (s, _kv_gradient(s), _kv_gradient(s), dmask))
 
 
 @rule(aten.embedding.default)

@@ -213,3 +213,35 @@ def test_train_job_benchmark_small_form_measures_all_three_and_writes_its_sectio
     text = doc.read_text()
     assert text.startswith("# P\n\nbefore\n") and bench.HEADING in text
     assert text.count(bench.MARK) == 2 and "| (b) loop blocked per checkpoint" in text
+
+
+@pytest.mark.slow
+def test_pipeline_bubble_benchmark_small_form_checks_the_machinery(tmp_path):
+    """benchmarks/pipeline_bubble.py --small: two gloo ranks run a tiny GPT under 1F1B and
+    zero-bubble; the values are finite, the formula fields present and the losses equal (to
+    each other, and to the single-device step within 1e-5). Timings are not asserted."""
+    import json
+    import math
+
+    bench = _bench("pipeline_bubble")
+    out, doc = tmp_path / "r.json", tmp_path / "perf.md"
+    doc.write_text("# P\n\nbefore\n")
+    assert bench.main(["--small", "--json", str(out), "--write", str(doc)]) == 0
+    result = json.loads(out.read_text())
+    (row,) = result["bubble"]
+    assert (row["p"], row["m"]) == (2, 4) and row["formula"] == pytest.approx(1 / 5)
+    values = [row["bubble_mean"], row["diff_points"], row["step_s"]]
+    values += row["bubble_per_rank"] + row["own_bubble_per_rank"] + row["busy_s_per_rank"]
+    assert len(values) == 9 and all(math.isfinite(v) for v in values)
+    assert row["oversubscribed"] == (result["host"]["cores"] < 2)
+    assert all(0 < share <= 1.05 for share in row["on_cpu_per_rank"])
+    zb = result["zero_bubble"]
+    assert zb["zero-bubble"]["formula"] == pytest.approx(1 / 13)
+    assert zb["losses_identical"] and zb["single_within_tol"]
+    assert len(zb["1f1b"]["losses"]) == len(zb["reference_losses"]) == 3
+    assert zb["1f1b"]["held_per_rank"] == [2, 1]  # 1F1B holds p - rank micro-batches
+    assert all(math.isfinite(zb[s]["step_s"]) for s in ("1f1b", "zero-bubble"))
+    assert len(result["host"]["loadavg_before"]) == 3
+    text = doc.read_text()
+    assert text.startswith("# P\n\nbefore\n") and bench.HEADING in text
+    assert text.count(bench.MARK) == 2 and "| 2 | 4 |" in text

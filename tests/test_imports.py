@@ -30,8 +30,10 @@ PACKAGE = Path(portable.__file__).resolve().parent
 # backends that import their optional toolchains' glue (xla/neuron/onnx), the pytest plugin
 # (which must not import portable for test runs that do not use it), cuda's `ops` (registering
 # CUDA kernels of the portable ops only where a .pt2 is loaded or an AOTInductor package built),
-# and the distributed worker. Lower it when you remove some; never raise it to dodge a cycle.
-FUNCTION_IMPORT_BUDGET = 52
+# the distributed worker, and the xla / neuron backends' dispatch of a pipelined step to their
+# JAX-heavy pipeline modules (and the neuron stand-in's JAX glue). Lower it when you remove
+# some; never raise it to dodge a cycle.
+FUNCTION_IMPORT_BUDGET = 57
 
 # The IR core and what it must not import (persistence plugs into it).
 IR_PROGRAM = "portable.ir.program"

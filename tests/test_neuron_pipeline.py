@@ -182,11 +182,11 @@ def test_pp4_tp2_stage_hlo_has_full_mesh_groups_and_validates(gpt4, tmp_path):
 def test_refusals_are_typed_with_a_fix(gpt4):
     step, batch = gpt4
     with pytest.raises(PlanError) as info:
-        lower_pipeline(step, "trn3")  # no pipeline in the plan
+        lower_pipeline(step, "trn3", backend=NeuronBackend())  # no pipeline in the plan
     assert info.value.fix
     plan = Plan(Mesh({"dp": 4}), pipeline=Pipeline(axis="dp", microbatches=4))
     with pytest.raises(PlanError, match="not PP") as info:
-        lower_pipeline(step.replace(plan=plan), "trn3")
+        lower_pipeline(step.replace(plan=plan), "trn3", backend=NeuronBackend())
     assert "'pp'" in info.value.fix
     with pytest.raises(BackendError) as info:
         portable.compile(step.replace(plan=_pp()), backend="neuron")
@@ -206,7 +206,7 @@ def test_pp4_tp2_and_interleaved_run_on_the_stand_in():
         step, batch = _step(stem, 4, 4)
         want = _reference(step, batch, 2)
         for name, plan in (("pp=4 x tp=2", _pp_tp(stem)), ("pp=2 x v=2", interleaved)):
-            pl = lower_pipeline(step.replace(plan=plan), "trn3")
+            pl = lower_pipeline(step.replace(plan=plan), "trn3", backend=NeuronBackend())
             losses, state = _run(pl, step, batch)
             worst, clean = _compare(want, losses, state)
             print(f"{stem} {name} on the stand-in: max error {worst:.2e}, {clean:.2e} clean")

@@ -36,12 +36,12 @@ import portable
 from portable import Mesh, Pipeline, Plan, PlanError
 from portable.ir.program import Program, ProgramKind
 from portable.ir.signature import InputKind
+from portable.passes.pipeline_reference import run_stages
 from portable.passes.pipeline_split import (
     PipelineStages,
     StagePrograms,
     balance,
     layer_modules,
-    run_stages,
     split_stages,
 )
 from tests.support.examples import load_example

@@ -38,6 +38,7 @@ from ..ir.plan import Mesh, Plan
 from ..ir.program import Program
 from ..ir.spmd import SpmdLayout
 from ..passes import registry
+from ..passes.pipeline_split import split_stages
 from .agent import read_failures
 from .diagnosis import job_error, read_reports
 from .job import Job
@@ -85,8 +86,6 @@ def per_rank_program(program: Program) -> Program:
             fix="install a portable version with portable.passes.spmd_partition",
         ) from exc
     if program.plan.pipeline is not None:
-        from ..passes.pipeline_split import split_stages
-
         plan = program.plan
         others = pipeline_free(plan)
         if others.mesh is not None and others.mesh.size > 1:
@@ -205,3 +204,33 @@ def free_port() -> int:
 def _savable(tensors: Mapping[str, torch.Tensor]) -> dict[str, torch.Tensor]:
     """CPU contiguous tensors with a storage each (safetensors refuses shared memory)."""
     return {k: v.detach().cpu().contiguous().clone() for k, v in tensors.items()}
+
+
+def read_global(
+    path: Path, program: Program, *, state: bool, layout: SpmdLayout | None = None
+) -> dict[str, torch.Tensor]:
+    """The GLOBAL value of every state (or user) input by placeholder name: from `path` (a
+    safetensors file written by launch.prepare), or the archive's weights for state when there
+    is none; each checked against its global shape (the layout's, else the signature's)."""
+    specs = program.signature.state_inputs if state else program.signature.user_inputs
+    if state and not path.is_file():  # the archive's weights are the GLOBAL state
+        tensors = {s.name: program.weights[s.key] for s in specs}
+    else:
+        tensors = safetensors.torch.load_file(path) if specs else {}
+    out = {}
+    for spec in specs:
+        if spec.name not in tensors:
+            raise InputError(
+                f"{path.name} has no value for input `{spec.name}`",
+                fix="write every input placeholder's GLOBAL value (launch.prepare does)",
+            )
+        value = tensors[spec.name]
+        want = list(layout.input(spec.name).global_shape if layout else spec.spec.shape)
+        if list(value.shape) != want:
+            raise InputError(
+                f"input `{spec.name}`: GLOBAL shape {list(value.shape)} in {path.name}, but the "
+                f"program expects {want}",
+                fix="pass the global value the program was captured with",
+            )
+        out[spec.name] = value
+    return out

@@ -35,9 +35,11 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ..api import compile as compile_program
 from ..errors import PlanError
 from ..ir.plan import Mesh
 from ..ir.sharding import coords_of, groups_of
+from ..opset.collectives import collective_runtime
 from ..passes.pipeline_split import PipelineStages, StagePrograms
 
 __all__ = ["PipelineRank", "bubble_formula", "schedule_class"]
@@ -88,14 +90,12 @@ class _StageRuntime:
         timer: _Timer,
         last: bool,
     ) -> None:
-        import portable
-
         self.stage = stage
         self.last = last
         self.timer = timer
         self.batch = batch
         self.run = {
-            part: portable.compile(getattr(stage, part), backend="cpu")
+            part: compile_program(getattr(stage, part), backend="cpu")
             for part in ("forward", "backward", "backward_input", "backward_weight", "update")
         }
         self.params = {key: nn.Parameter(state[key].clone()) for key in stage.grad_targets}
@@ -335,8 +335,6 @@ class PipelineRank:
         return loss, outputs
 
     def _collective_runtime(self) -> Any:
-        from ..opset.collectives import collective_runtime
-
         if self.collectives is None:
             return contextlib.nullcontext()
         return collective_runtime(self.collectives)

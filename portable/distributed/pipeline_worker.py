@@ -25,6 +25,7 @@ from ..ir.program import Program, ProgramKind
 from ..ir.sharding import coords_of, rank_of, shard, unshard
 from ..ir.signature import InputKind
 from ..passes.pipeline_split import PipelineStages, split_stages
+from .launch import read_global
 from .pipeline import PipelineRank, bubble_formula
 from .runtime import TorchCollectives, collective
 
@@ -101,8 +102,6 @@ def sub_rank(program: Program, rank: int) -> int:
 
 def _global(path: Path, program: Program, *, state: bool) -> dict[str, torch.Tensor]:
     """GLOBAL state by weight key, or inputs by name (worker.read_global's checks)."""
-    from .worker import read_global
-
     values = read_global(path, program, state=state, layout=program.spmd)
     specs = program.signature.state_inputs if state else program.signature.user_inputs
     return {(s.key if state else s.name): values[s.name] for s in specs}

@@ -44,7 +44,7 @@ import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from ..errors import ArchiveError, InputError, PortableError
+from ..errors import ArchiveError, PortableError
 from ..ir.plan import Mesh
 from ..ir.program import Program, ProgramKind
 from ..ir.sharding import Sharding, shard, unshard
@@ -55,6 +55,7 @@ from .agent import AGENT_PID_ENV
 from .diagnosis import write_failure
 from .heartbeat import Heartbeat
 from .lifetime import die_with_parent
+from .pipeline_worker import run_pipeline_rank
 from .runtime import TorchCollectives, collective
 
 if TYPE_CHECKING:
@@ -205,8 +206,6 @@ def _run_pipeline(
     at: Callable[..., None],
 ) -> None:
     """A pipelined step's rank (pipeline_worker.py); rank 0 writes OUT."""
-    from .pipeline_worker import run_pipeline_rank
-
     results = run_pipeline_rank(
         program, root / run_dir.STATE, root / run_dir.INPUTS, steps, backend, timeout, at
     )
@@ -303,36 +302,6 @@ def _layout(program: Program) -> SpmdLayout:
     return program.spmd
 
 
-def read_global(
-    path: Path, program: Program, *, state: bool, layout: SpmdLayout | None = None
-) -> dict[str, torch.Tensor]:
-    """The GLOBAL value of every state (or user) input by placeholder name: from `path` (a
-    safetensors file written by launch.prepare), or the archive's weights for state when there
-    is none; each checked against its global shape (the layout's, else the signature's)."""
-    specs = program.signature.state_inputs if state else program.signature.user_inputs
-    if state and not path.is_file():  # the archive's weights are the GLOBAL state
-        tensors = {s.name: program.weights[s.key] for s in specs}
-    else:
-        tensors = safetensors.torch.load_file(path) if specs else {}
-    out = {}
-    for spec in specs:
-        if spec.name not in tensors:
-            raise InputError(
-                f"{path.name} has no value for input `{spec.name}`",
-                fix="write every input placeholder's GLOBAL value (launch.prepare does)",
-            )
-        value = tensors[spec.name]
-        want = list(layout.input(spec.name).global_shape if layout else spec.spec.shape)
-        if list(value.shape) != want:
-            raise InputError(
-                f"input `{spec.name}`: GLOBAL shape {list(value.shape)} in {path.name}, but the "
-                f"program expects {want}",
-                fix="pass the global value the program was captured with",
-            )
-        out[spec.name] = value
-    return out
-
-
 def _local(
     path: Path,
     program: Program,
@@ -344,7 +313,7 @@ def _local(
 ) -> dict[str, torch.Tensor]:
     """This rank's local value of every state (or user) input: the GLOBAL value from `path`
     sharded by the input's Sharding."""
-    values = read_global(path, program, state=state, layout=layout)
+    values = run_dir.read_global(path, program, state=state, layout=layout)
     return {
         name: shard(value, layout.input(name).sharding, layout.mesh, rank).to(device)
         for name, value in values.items()

@@ -23,6 +23,7 @@ from .engine import Engine
 from .fault import maybe_fire
 from .health import Health
 from .hf_init import HfTensor, read_hf_checkpoint
+from .pipeline_engine import PipelineEngine
 from .prediction import write_prediction
 from .prepare import JobFiles, check_identity, read_job
 from .run_files import RunFiles
@@ -51,8 +52,6 @@ def make_engine(files: JobFiles, *, timeout_s: float) -> Engine:
     """The engine `files.config.engine` names, started on this process."""
     engine = files.config.engine
     if files.per_rank.plan.pipeline is not None:
-        from .pipeline_engine import PipelineEngine
-
         return PipelineEngine(files, device_type=engine, timeout_s=timeout_s)
     if engine in ("cpu", "cuda"):
         return TorchEngine(files, device_type=engine, timeout_s=timeout_s)

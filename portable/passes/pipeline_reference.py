@@ -8,6 +8,7 @@ import typing
 
 import torch
 
+from ..api import compile as compile_program
 from ..ir.program import Program
 from .pipeline_split import PipelineStages
 
@@ -20,8 +21,6 @@ def run_stages(
     """One step in this process, micro-batch after micro-batch: `(outputs by the step's output
     names, the new state by weight key)`. `state` holds every weight key; `batch` the GLOBAL
     batch by input name (micro-batch i is rows i, i+M, ..., as the step's own)."""
-    from ..api import compile as compile_program
-
     m = stages.microbatches
     micro = {name: _micro_batches(value, m) for name, value in batch.items()}
     run = {

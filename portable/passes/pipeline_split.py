@@ -65,7 +65,6 @@ __all__ = [
     "TiedGradient",
     "balance",
     "layer_modules",
-    "run_stages",
     "split_stages",
 ]
 
@@ -798,12 +797,3 @@ def _spec_of_meta(meta: dict[str, typing.Any]) -> TensorSpec:
     if isinstance(spec, TensorSpec):
         return spec
     return TensorSpec.of(meta["val"])
-
-
-def run_stages(
-    stages: PipelineStages, state: dict[str, torch.Tensor], batch: dict[str, torch.Tensor]
-) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
-    """One step of every stage in this process (pipeline_reference.run_stages)."""
-    from .pipeline_reference import run_stages as run
-
-    return run(stages, state, batch)

@@ -105,7 +105,7 @@ class NeuronBackend(Backend):
             # a pipelined training step: its stages, per-cut transfers and rank map (pipeline.py)
             from .pipeline import lower_pipeline
 
-            return lower_pipeline(program, target, self.options).lowered
+            return lower_pipeline(program, target, self.options, backend=self).lowered
         self.check_program(program, target)
         ntarget = resolve_target(target.variant, self.options.topology)
         lowered_program, notes = program, []

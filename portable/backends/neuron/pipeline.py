@@ -68,11 +68,13 @@ from typing import Any
 
 import torch
 
+from portable.capture import capture
+from portable.distributed.launch import per_rank_program, pipeline_free
 from portable.errors import BackendError, PlanError
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
 from portable.ir.sharding import coords_of, shard, unshard
-from portable.passes.pipeline_split import PipelineStages, StagePrograms
+from portable.passes.pipeline_split import PipelineStages, StagePrograms, split_stages
 
 from ..base import Lowered, Target
 from .artifact import NeuronLowered, NeuronProgram, program_key
@@ -162,15 +164,14 @@ def _stage_ranks(
 
 
 def lower_pipeline(
-    step: Program, target: Target | str = DEFAULT_VARIANT, options: NeuronOptions | None = None
+    step: Program,
+    target: Target | str = DEFAULT_VARIANT,
+    options: NeuronOptions | None = None,
+    *,
+    backend: Any,
 ) -> PipelineNeuron:
     """Lower the pipelined training step `step` for `neuron:<variant>` (module docstring);
     PlanError (with a fix) for a plan this cannot lower; validator errors raise."""
-    from portable.distributed.launch import per_rank_program, pipeline_free
-    from portable.passes.pipeline_split import split_stages
-
-    from .backend import NeuronBackend
-
     plan = step.plan
     if plan.pipeline is None or plan.mesh is None:
         raise PlanError(
@@ -193,7 +194,6 @@ def lower_pipeline(
     stages = split_stages(per_rank)
     others = pipeline_free(plan).mesh
     others = others if others is not None and others.size > 1 else None
-    backend = NeuronBackend(options)
     target = Target("neuron", ntarget.name)
 
     def ranks(stage: int) -> list[int]:
@@ -334,10 +334,8 @@ def _transfer_record(
     ntarget: NeuronTarget,
     options: NeuronOptions,
 ) -> NeuronProgram:
-    import portable
-
     examples = tuple(torch.zeros(tuple(s.shape), dtype=s.dtype) for s in specs)
-    program = portable.capture(_Io(), examples, name=key)
+    program = capture(_Io(), examples, name=key)
     proto = proto_from_text(transfer_hlo_text(key, specs, pairs, add))
     text = proto_to_text(proto)
     module = parse_hlo_text(text)

@@ -19,7 +19,7 @@ from portable.ir.program import Program, ProgramKind
 from portable.runtime import Executable
 
 from ..base import Backend, Capabilities, Lowered, Target, Written
-from .compiler import compile_lowered, lowered_texts
+from .compiler import compile_lowered, lowered_texts, row_major
 
 __all__ = ["XlaBackend"]
 
@@ -89,26 +89,10 @@ class XlaBackend(Backend):
 
         def run(flat):
             with jax.enable_x64(True):
-                outs = xla_executable(*[jnp.from_dlpack(_row_major(t)) for t in flat])
+                outs = xla_executable(*[jnp.from_dlpack(row_major(t)) for t in flat])
             return [torch.from_dlpack(o) for o in outs]
 
         return Executable(compiled.lowered.program, run, self.name)
-
-
-def _row_major(t):
-    """`t` with row-major strides, size-1 dims included: torch calls a [3, 1] tensor of strides
-    (1, 3) contiguous, while JAX reads a layout from the strides and refuses one the executable
-    was not compiled for."""
-    import torch
-
-    t = t.detach()
-    expected, step = [], 1
-    for size in reversed(t.shape):
-        expected.append(step)
-        step *= max(size, 1)
-    if tuple(reversed(expected)) == t.stride():
-        return t
-    return t.clone(memory_format=torch.contiguous_format)
 
 
 def is_pipelined(program: Program) -> bool:

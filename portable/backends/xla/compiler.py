@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import jax
 
-__all__ = ["COMPILER_OPTIONS", "compile_lowered", "lowered_texts"]
+__all__ = ["COMPILER_OPTIONS", "compile_lowered", "lowered_texts", "row_major"]
 
 # XLA:CPU's LLVM backend contracts a * b + c into one FMA at optimization levels > 0, so results
 # round differently from PyTorch's kernels (which never contract) and values near 0 can change
@@ -29,3 +29,19 @@ def lowered_texts(lowered: jax.stages.Lowered) -> dict[str, str]:
     hlo = lowered.compiler_ir("hlo")
     assert hlo is not None  # None only for dialects a backend lacks; every module has HLO
     return {"graph.stablehlo.mlir": stablehlo, "graph.hlo.txt": hlo.as_hlo_text()}
+
+
+def row_major(t):
+    """`t` with row-major strides, size-1 dims included: torch calls a [3, 1] tensor of strides
+    (1, 3) contiguous, while JAX reads a layout from the strides and refuses one the executable
+    was not compiled for."""
+    import torch
+
+    t = t.detach()
+    expected, step = [], 1
+    for size in reversed(t.shape):
+        expected.append(step)
+        step *= max(size, 1)
+    if tuple(reversed(expected)) == t.stride():
+        return t
+    return t.clone(memory_format=torch.contiguous_format)

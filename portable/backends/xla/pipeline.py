@@ -69,6 +69,7 @@ from jax import lax
 from jax.sharding import NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from portable.distributed.launch import per_rank_program
 from portable.errors import BackendError, InputError, PlanError
 from portable.ir.plan import Mesh
 from portable.ir.program import Program
@@ -77,8 +78,7 @@ from portable.ir.signature import InputKind, OutputSpec, TensorSpec
 from portable.passes.pipeline_split import PipelineStages, split_stages
 from portable.runtime import Executable
 
-from .backend import _row_major
-from .compiler import compile_lowered
+from .compiler import compile_lowered, row_major
 from .dtypes import to_jax
 from .lowering import jax_function
 from .rules.portable_ops import NamedAxisCollectives
@@ -116,8 +116,6 @@ def pipeline_program(program: Program) -> Program:
             fix="drop fsdp_axis (keep the axis in batch_axes for data parallelism) for a "
             "pipelined step on xla",
         )
-    from portable.distributed.launch import per_rank_program
-
     return per_rank_program(program)
 
 
@@ -616,7 +614,7 @@ class PipelineFunction:
                 for d in self.widths["state"]
             }
             arrays = tuple(
-                jax.device_put(jnp.from_dlpack(_row_major(batch[n])), sh, may_alias=False)
+                jax.device_put(jnp.from_dlpack(row_major(batch[n])), sh, may_alias=False)
                 for n, sh in zip(self.batch_names, self.batch_shardings, strict=True)
             )
         return buffers, arrays

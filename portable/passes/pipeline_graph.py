@@ -10,6 +10,8 @@ import torch
 import torch.fx
 
 __all__ = [
+    "MICRO_BATCH",
+    "PHASE",
     "ancestors",
     "closure_up",
     "first_micro_batch",

@@ -51,6 +51,8 @@ from ..ir.source import SourceLoc
 from ..recipe import recipe_of
 from .pipeline_balance import balance, flops, layer_modules, tensor_of
 from .pipeline_graph import (
+    MICRO_BATCH,
+    PHASE,
     ancestors,
     closure_up,
     first_micro_batch,
@@ -69,8 +71,6 @@ __all__ = [
 ]
 
 aten = torch.ops.aten
-
-PHASE, MICRO_BATCH = "phase", "micro_batch"  # node tags of a training step (capture/training.py)
 
 
 @dataclasses.dataclass(frozen=True)

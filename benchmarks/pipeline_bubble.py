@@ -60,6 +60,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import safetensors.torch
 import torch
 
 REPO = Path(__file__).resolve().parents[1]
@@ -234,7 +235,8 @@ def rank_main(args) -> None:
     from portable.passes.pipeline_split import split_stages
 
     programs = [portable.load(path) for path in args.program]
-    batch = torch.load(args.batch)
+    loaded = safetensors.torch.load_file(args.batch)  # tensors only: nothing runs on load
+    batch = tuple(loaded[str(i)] for i in range(len(loaded)))
     dist.init_process_group(
         "gloo", init_method=f"tcp://127.0.0.1:{args.port}", rank=args.rank, world_size=args.world
     )
@@ -399,8 +401,8 @@ def measure(cfg: dict[str, Any], steps: int, rounds: int) -> dict[str, Any]:
         def step_of(m: int) -> tuple[Any, Any, Path]:
             if m not in captured:
                 step, batch = capture(cfg, m)
-                path = tmp / f"batch{m}.pt"
-                torch.save(batch, path)
+                path = tmp / f"batch{m}.safetensors"
+                safetensors.torch.save_file({str(i): t for i, t in enumerate(batch)}, path)
                 captured[m] = (step, batch, path)
             return captured[m]
 
